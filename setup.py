@@ -1,0 +1,24 @@
+"""Packaging for torchair-cached-backend (metadata here; tool config in pyproject.toml)."""
+
+from setuptools import find_packages, setup
+
+setup(
+    name="torchair-cached-backend",
+    version="0.1.0",
+    description="A persistent, guard-bypassing compile cache for torch.compile on Ascend NPUs (torchair) and CPU/CUDA (Inductor)",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.10",
+    packages=find_packages(include=["torchair_cached_backend", "torchair_cached_backend.*"]),
+    # torch_npu users run 2.1 .. 2.14 (torchair ships inside torch_npu); torch >= 2.6 has the
+    # Dynamo bytecode hook and standalone Inductor APIs this package builds on.
+    install_requires=["torch>=2.6,<2.15", "filelock>=3.12"],
+    extras_require={
+        "test": ["pytest>=7", "pytest-timeout", "numpy", "protobuf", "pyyaml", "packaging", "ruff"],
+        "bench": ["matplotlib", "psutil"],
+    },
+    entry_points={
+        "torch_dynamo_backends": ["npu_cached = torchair_cached_backend.registry:npu_cached"],
+        "console_scripts": ["torchair-cache = torchair_cached_backend.cli:main"],
+    },
+)

@@ -1,0 +1,54 @@
+"""torchair_cached_backend: ``torch.compile`` that starts fast, on Ascend NPUs and elsewhere.
+
+* ``torch.compile(model, backend="npu_cached", options={...})`` caches compiled graphs on disk;
+* :func:`load` warm-starts a function from that cache without Dynamo (no tracing, no guards);
+* :func:`cache_compile` is a drop-in for ``torchair.inference.cache_compile``.
+
+Importing this package is cheap: Dynamo, Inductor and torchair load on first use.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .options import BackendOptions, OptionError, parse_options
+from .registry import BACKEND_NAME, register, register_if_dynamo_loaded
+from .stats import CacheStats, reset_stats, stats
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "npu_cached": ("backend", "npu_cached"),
+    "make_backend": ("backend", "make_backend"),
+    "cache_compile": ("cache_compile", "cache_compile"),
+    "load": ("bypass.loader", "load"),
+    "readable_cache": ("readable", "readable_cache"),
+    "CacheSecurityError": ("fs_security", "CacheSecurityError"),
+    "InputSignatureError": ("bypass.signature", "InputSignatureError"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        module, attr = _LAZY[name]
+        value = getattr(importlib.import_module(f"{__name__}.{module}"), attr)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = [
+    "BACKEND_NAME",
+    "BackendOptions",
+    "CacheStats",
+    "OptionError",
+    "parse_options",
+    "register",
+    "reset_stats",
+    "stats",
+    *_LAZY,
+]
+
+register_if_dynamo_loaded()

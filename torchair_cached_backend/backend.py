@@ -1,0 +1,209 @@
+"""The ``npu_cached`` Dynamo backend: key -> store -> load, or compile and store.
+
+It owns the caching decision only; compiling and loading belong to the inner
+compilers (``compilers/``), bytes on disk to the store (``store.py``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from . import key as keys
+from .compilers import get_compiler
+from .compilers.base import Artifact, InnerCompiler
+from .logs import log, warn_once
+from .options import BackendOptions, OptionError, parse_options
+from .stats import record
+from .store import Store
+
+GRAPH_CODE = "graph_code.py"  # readable copy of the FX graph beside each entry
+
+
+class CachedGraph:
+    """The callable Dynamo installs as ``__compiled_fn_*``; carries its cache key
+    so the bypass capture can find which stored graph a frame calls."""
+
+    __slots__ = ("fn", "key", "compiler", "cached", "options", "input_dims", "__weakref__")
+
+    def __init__(self, fn: Callable[..., Any], key: str, compiler: str, cached: bool) -> None:
+        self.fn = fn
+        self.key = key
+        self.compiler = compiler
+        self.cached = cached
+        self.options: BackendOptions | None = None
+        #: frame-local name -> dims (int static, None symbolic), for the bypass input check
+        self.input_dims: dict[str, list[int | None]] = {}
+
+    def __call__(self, *args: Any) -> Any:
+        return self.fn(*args)
+
+
+def _needs_autograd(example_inputs: list[Any]) -> bool:
+    import torch
+
+    return torch.is_grad_enabled() and any(
+        isinstance(t, torch.Tensor) and t.requires_grad for t in example_inputs
+    )
+
+
+def graph_store(options: BackendOptions) -> Store:
+    return Store(options.cache_dir, "graphs")
+
+
+def _identity(factors: dict[str, Any]) -> str:
+    """The key without the environment: finds entries built under other versions."""
+    return keys.digest({k: v for k, v in factors.items() if k != "environment"})
+
+
+def compile_graph(gm: Any, example_inputs: list[Any], options: BackendOptions) -> CachedGraph:
+    """Serve one Dynamo graph from the cache, or compile and cache it."""
+    import torch
+
+    compiler = get_compiler(options.resolved_compiler())
+    if options.reject_rng:
+        from .rng import reject_rng_ops
+
+        reject_rng_ops(gm)
+    if _needs_autograd(example_inputs):
+        warn_once(
+            "autograd",
+            "npu_cached: a graph needs autograd (grad mode is on and an input requires grad); the cache "
+            "serves inference graphs only, so it is compiled uncached. Run the model under "
+            "torch.no_grad() or torch.inference_mode() to cache it.",
+        )
+        t0 = time.perf_counter()
+        fn = compiler.compile(gm, example_inputs, options).fn
+        record(uncached=1, compile_seconds=time.perf_counter() - t0)
+        return _announce(CachedGraph(fn, "", compiler.name, cached=False), options, gm)
+
+    key, factors = keys.compute_key(gm, example_inputs, compiler, options, torch.is_grad_enabled())
+    store = graph_store(options)
+    fn = _try_load(store, key, compiler, options)
+    if fn is None:
+        with store.lock(key):
+            fn = _try_load(store, key, compiler, options)  # another process may have finished it
+            if fn is None:
+                fn = _compile_and_store(store, key, factors, gm, example_inputs, compiler, options)
+    return _announce(fn, options, gm)
+
+
+def _announce(graph: CachedGraph, options: BackendOptions, gm: Any = None) -> CachedGraph:
+    """Attach what the bypass capture needs and make sure it is listening."""
+    graph.options = options
+    if gm is not None:
+        graph.input_dims = _input_dims(gm)
+    from .bypass.capture import ensure_installed
+
+    ensure_installed()
+    return graph
+
+
+def _input_dims(gm: Any) -> dict[str, list[int | None]]:
+    import torch
+
+    dims: dict[str, list[int | None]] = {}
+    for node in gm.graph.nodes:
+        if node.op != "placeholder":
+            continue
+        grapharg = node.meta.get("grapharg")
+        source = getattr(grapharg, "source", None)
+        value = node.meta.get("example_value")
+        name = source.name if isinstance(getattr(source, "name", None), str) else (source.name() if source is not None else "")
+        if isinstance(value, torch.Tensor) and name.startswith("L['") and name.endswith("']"):
+            dims[name[3:-2]] = [d if isinstance(d, int) else None for d in value.shape]
+    return dims
+
+
+def _try_load(store: Store, key: str, compiler: InnerCompiler, options: BackendOptions) -> CachedGraph | None:
+    t0 = time.perf_counter()
+    entry = store.load(key)
+    if entry is None:
+        return None
+    artifact = Artifact(files=entry.files, meta=entry.manifest.get("meta", {}), root=entry.files_dir)
+    try:
+        fn = compiler.load(artifact, options)
+    except Exception as exc:  # an entry we cannot load is never run: set aside, rebuild
+        store.quarantine(key, f"{compiler.name} could not load it: {type(exc).__name__}: {exc}")
+        return None
+    dt = time.perf_counter() - t0
+    record(hits=1, load_seconds=dt)
+    log.info("npu_cached hit %s (%s) loaded in %.3fs", key[:12], compiler.name, dt)
+    return CachedGraph(fn, key, compiler.name, cached=True)
+
+
+def _compile_and_store(
+    store: Store,
+    key: str,
+    factors: dict[str, Any],
+    gm: Any,
+    example_inputs: list[Any],
+    compiler: InnerCompiler,
+    options: BackendOptions,
+) -> CachedGraph:
+    identity = _identity(factors)
+    _set_aside_other_versions(store, identity, factors)
+    t0 = time.perf_counter()
+    result = compiler.compile(gm, example_inputs, options)
+    dt = time.perf_counter() - t0
+    record(misses=1, compile_seconds=dt)
+    if result.artifact is None:
+        warn_once(f"uncached:{result.reason}", "npu_cached: graph %s compiled but not cached: %s", key[:12], result.reason)
+        log.info("npu_cached miss %s (%s) compiled in %.3fs, not cacheable", key[:12], compiler.name, dt)
+        return CachedGraph(result.fn, key, compiler.name, cached=False)
+    files = dict(result.artifact.files)
+    files.setdefault(GRAPH_CODE, gm.code.encode())
+    manifest = {
+        "identity": identity,
+        "compiler": compiler.name,
+        "factors": factors,
+        "versions": factors["environment"],
+        "meta": result.artifact.meta,
+        "compile_seconds": round(dt, 3),
+    }
+    store.save(key, files, manifest)
+    log.info("npu_cached miss %s (%s) compiled in %.3fs and stored", key[:12], compiler.name, dt)
+    return CachedGraph(result.fn, key, compiler.name, cached=True)
+
+
+def _set_aside_other_versions(store: Store, identity: str, factors: dict[str, Any]) -> None:
+    """An entry for the same graph built under other torch/CANN/... versions is
+    never loaded: quarantine it and say which version changed."""
+    for other in store.keys():
+        try:
+            manifest = store.read_manifest(other)
+        except Exception:
+            continue
+        if not manifest or manifest.get("identity") != identity:
+            continue
+        changed = keys.explain_difference(manifest.get("versions", {}), factors["environment"], "")
+        if changed:
+            store.quarantine(other, "built under other versions: " + "; ".join(changed))
+
+
+def npu_cached(gm: Any, example_inputs: list[Any], *, options: dict[str, Any] | None = None, mode: str | None = None) -> Any:
+    """The ``npu_cached`` backend: ``torch.compile(m, backend="npu_cached", options={...})``."""
+    if mode not in (None, "default"):
+        raise OptionError(
+            f"npu_cached does not take torch.compile(mode={mode!r}); for torchair graph modes pass "
+            "options={'config': cfg} with cfg.mode set (max-autotune / reduce-overhead)"
+        )
+    return compile_graph(gm, example_inputs, parse_options(options))
+
+
+def make_backend(**options: Any) -> Callable[..., Any]:
+    """A backend callable with options bound (validated now, not at first call)."""
+    parsed = parse_options(options)
+    from .bypass.capture import ensure_installed
+
+    ensure_installed()  # before Dynamo transforms the first frame
+
+    def npu_cached_bound(gm: Any, example_inputs: list[Any], **kwargs: Any) -> Any:
+        return compile_graph(gm, example_inputs, parsed)
+
+    npu_cached_bound.options = parsed  # type: ignore[attr-defined]
+    return npu_cached_bound
+
+
+__all__ = ["npu_cached", "make_backend", "compile_graph", "CachedGraph"]

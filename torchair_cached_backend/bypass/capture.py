@@ -1,0 +1,243 @@
+"""Capture, at cold start, what the loader needs to replay a function without Dynamo.
+
+A Dynamo bytecode hook sees every frame Dynamo transforms. For frames whose
+graphs came from ``npu_cached`` it records the transformed code and what each
+Dynamo-installed global stands for, and publishes a *program* entry beside the
+graph entries. Resume functions (graph breaks) are compiled later, in frames of
+their own; the program is updated when they arrive, and until then the
+original resume code is kept so a replay runs it eagerly instead of failing.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import types
+from typing import Any
+
+from ..logs import log
+from . import code_codec
+from .program import function_identity, program_key, program_store
+from .signature import describe_args
+from .sources import describe_traced, tensor_state
+
+_installed = False
+_lock = threading.RLock()
+#: program key -> builder, for the programs this process is building
+_builders: dict[str, ProgramBuilder] = {}
+#: id(original resume code) -> (code, [(builder, frame id, global name)])
+_pending: dict[int, tuple[types.CodeType, list[tuple[ProgramBuilder, str, str]]]] = {}
+
+DYNAMO_PREFIXES = ("__compiled_fn", "__import_", "___module_", "__builtins_dict__", "__resume_at_")
+
+
+def ensure_installed() -> None:
+    """Install the bytecode hook once per process; turn off Dynamo's runtime
+    overhead recording so transformed code does not call into torch._dynamo."""
+    global _installed
+    if _installed:
+        return
+    with _lock:
+        if _installed:
+            return
+        import torch._dynamo
+        from torch._dynamo.convert_frame import register_bytecode_hook
+
+        if hasattr(torch._dynamo.config, "record_runtime_overhead"):
+            torch._dynamo.config.record_runtime_overhead = False
+        register_bytecode_hook(_on_bytecode)
+        _installed = True
+
+
+class ProgramBuilder:
+    """Accumulates the frames and variants of one function's program."""
+
+    def __init__(self, key: str, identity: dict[str, Any], cache_dir: str, compiler: str, fingerprint: str = "") -> None:
+        self.key = key
+        self.identity = identity
+        self.fingerprint = fingerprint  # of the function's own (original) code
+        self.cache_dir = cache_dir
+        self.compiler = compiler
+        self.frames: dict[str, dict[str, Any]] = {}
+        self.files: dict[str, bytes] = {}
+        self.variants: list[dict[str, Any]] = []
+        self.traced: dict[str, dict[str, Any]] = {}
+        self.tensor_state: dict[str, Any] | None = None
+        self.unsupported: str | None = None
+        self.disabled = False  # cache_compile invalidated it (recompile)
+
+    def new_frame_id(self) -> str:
+        return f"f{len(self.frames)}"
+
+    def manifest(self) -> dict[str, Any]:
+        return {
+            "program": {
+                "function": self.identity,
+                "fingerprint": self.fingerprint,
+                "compiler": self.compiler,
+                "frames": self.frames,
+                "variants": self.variants,
+                "traced": list(self.traced.values()),
+                "tensor_state": self.tensor_state,
+                "unsupported": self.unsupported,
+            }
+        }
+
+    def publish(self) -> None:
+        if self.disabled:
+            return
+        try:
+            program_store(self.cache_dir).replace(self.key, self.files, self.manifest())
+        except Exception as exc:  # capture must never break the user's compile
+            log.warning("npu_cached: could not save the replay program for %s: %s", self.identity["qualname"], exc)
+
+
+def builders_for(code: types.CodeType) -> list[ProgramBuilder]:
+    """Programs this process built for ``code`` (used by cache_compile)."""
+    qualname = getattr(code, "co_qualname", code.co_name)
+    return [b for b in _builders.values() if b.identity["qualname"] == qualname]
+
+
+def _find_compile_context(code: types.CodeType) -> tuple[Any, dict[str, Any] | None]:
+    """Dynamo's OutputGraph for this frame and the frame's locals (the call's arguments)."""
+    output = None
+    frame_locals = None
+    f = sys._getframe(2)
+    while f is not None and (output is None or frame_locals is None):
+        loc = f.f_locals
+        if output is None and hasattr(loc.get("output"), "global_scope"):
+            output = loc["output"]
+        if frame_locals is None and f.f_code.co_name == "_compile" and loc.get("code") is code:
+            frame_locals = loc.get("locals")
+        f = f.f_back
+    return output, frame_locals
+
+
+def _names(code: types.CodeType) -> set[str]:
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _names(const)
+    return names
+
+
+def _our_graph(value: Any) -> Any:
+    from ..backend import CachedGraph
+
+    seen = 0
+    while value is not None and seen < 8:
+        if isinstance(value, CachedGraph):
+            return value
+        value = getattr(value, "__wrapped__", None)
+        seen += 1
+    return None
+
+
+def _on_bytecode(code: types.CodeType, out_code: types.CodeType) -> None:
+    try:
+        with _lock:
+            _record(code, out_code)
+    except Exception as exc:  # never break Dynamo: the program is just not saved
+        log.warning("npu_cached: bytecode capture failed for %s: %s: %s", code.co_name, type(exc).__name__, exc)
+    return None
+
+
+def _record(code: types.CodeType, out_code: types.CodeType) -> None:
+    output, frame_locals = _find_compile_context(code)
+    if output is None:
+        return
+    scope = output.global_scope
+    names = sorted(n for n in _names(out_code) if n.startswith(DYNAMO_PREFIXES))
+    graphs = {n: _our_graph(scope.get(n)) for n in names if n.startswith("__compiled_fn")}
+    pending = _pending.pop(id(code), None)
+    if pending is not None and pending[0] is not code:
+        pending = None
+    if any(g is None for g in graphs.values()):
+        return  # another backend's graph: not ours to replay
+    if not graphs and pending is None:
+        return
+    uncached = [n for n, g in graphs.items() if not g.cached]
+    first = next(iter(graphs.values()), None)
+    if pending is not None:
+        for builder, slot_frame, slot_name in pending[1]:
+            fid = _add_frame(builder, code, out_code, scope, names, graphs, output)
+            builder.frames[slot_frame]["globals"][slot_name] = {"kind": "resume", "frame": fid}
+            if uncached:
+                builder.unsupported = f"graph in resume frame {code.co_name} is not cacheable"
+            builder.publish()
+        return
+    options = first.options
+    if options is None:
+        return
+    identity = function_identity(code, scope.get("__name__"))
+    fingerprint = code_codec.code_fingerprint(code)
+    key = program_key(identity, fingerprint, first.compiler)
+    builder = _builders.get(key)
+    if builder is None:
+        builder = _builders[key] = ProgramBuilder(key, identity, options.cache_dir, first.compiler, fingerprint)
+    if uncached:
+        builder.unsupported = "a graph of this function is not cacheable (needs autograd or the compiler declined)"
+    fid = _add_frame(builder, code, out_code, scope, names, graphs, output)
+    arg_names = list(code.co_varnames[: code.co_argcount + code.co_kwonlyargcount])
+    values = tuple((frame_locals or {}).get(n) for n in arg_names)
+    is_method = bool(arg_names) and arg_names[0] == "self"
+    if is_method and builder.tensor_state is None:
+        builder.tensor_state = tensor_state(values[0])
+    static_dims: dict[str, list[Any]] = {}
+    for g in graphs.values():
+        static_dims.update(g.input_dims)
+    import torch
+
+    builder.identity["is_method"] = is_method
+    builder.identity["varargs"] = bool(code.co_flags & (0x04 | 0x08))
+    builder.variants.append(
+        {
+            "root": fid,
+            "grad_enabled": torch.is_grad_enabled(),
+            "arg_names": arg_names[1:] if is_method else arg_names,
+            "signature": describe_args(
+                arg_names[1:] if is_method else arg_names, values[1:] if is_method else values, static_dims
+            ),
+        }
+    )
+    builder.publish()
+
+
+def _add_frame(
+    builder: ProgramBuilder,
+    code: types.CodeType,
+    out_code: types.CodeType,
+    scope: dict[str, Any],
+    names: list[str],
+    graphs: dict[str, Any],
+    output: Any,
+) -> str:
+    fid = builder.new_frame_id()
+    blob = f"{fid}.code"
+    builder.files[blob] = code_codec.dumps_code(out_code)
+    for item in describe_traced(list(getattr(output, "traced_code", []) or []) + [code]):
+        builder.traced.setdefault(f"{item['file']}:{item['qualname']}", item)
+    descs: dict[str, Any] = {}
+    for name in names:
+        value = scope.get(name)
+        if name in graphs:
+            descs[name] = {"kind": "graph", "key": graphs[name].key, "compiler": graphs[name].compiler}
+        elif name.startswith("__builtins_dict__"):
+            descs[name] = {"kind": "builtins"}
+        elif isinstance(value, types.ModuleType):
+            descs[name] = {"kind": "module", "name": value.__name__}
+        elif name.startswith("__resume_at_") and isinstance(value, types.FunctionType):
+            orig_blob = f"{fid}.{name}.orig.code"
+            builder.files[orig_blob] = code_codec.dumps_code(value.__code__)
+            descs[name] = {"kind": "resume_eager", "code": orig_blob, "name": value.__name__}
+            if value.__closure__:
+                builder.unsupported = f"resume function {name} has a closure"
+            entry = _pending.setdefault(id(value.__code__), (value.__code__, []))
+            entry[1].append((builder, fid, name))
+        else:
+            try:
+                descs[name] = {"kind": "value", "value": code_codec.encode_value(value)}
+            except Exception as exc:
+                builder.unsupported = f"Dynamo global {name}={value!r} cannot be saved: {exc}"
+    builder.frames[fid] = {"code": blob, "co_name": out_code.co_name, "globals": descs}
+    return fid

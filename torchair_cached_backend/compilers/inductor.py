@@ -1,0 +1,557 @@
+"""Inductor as an inner compiler whose artifacts load without Inductor.
+
+PyTorch's own caches do not ship compiled CPU kernels, so a restart with an
+empty ``TORCHINDUCTOR_CACHE_DIR`` recompiles C++. We instead store:
+
+* ``wrapper.py`` - Inductor's generated Python wrapper, rewritten with ``ast`` so
+  its kernels come from bundled ``.so`` files and its Inductor imports from
+  :mod:`.inductor_runtime` (importing ``torch._inductor`` costs ~2 s);
+* ``k_<digest>.so`` - every C++ kernel extension the wrapper calls, dlopened in
+  place on load (never recompiled);
+* ``constants.pt`` / ``aot_meta.pkl`` - graph constants and, for graphs that need
+  it, AOTAutograd's runtime metadata.
+
+An artifact is *lean* when calling the wrapper's ``call`` directly is equivalent
+to AOTAutograd's runtime (see :func:`_runtime_plan`) and every extern kernel is a
+plain torch callable: loading it imports neither torch._inductor nor torch._dynamo.
+Non-lean artifacts still load without compiling, via the real Inductor /
+AOTAutograd helpers. Graphs we cannot reproduce faithfully (training graphs,
+Triton kernels, tensor subclasses, ...) get ``artifact=None`` and a reason.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import importlib
+import json
+import os
+import pickle
+import platform
+import re
+import shutil
+import sys
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from . import inductor_runtime as rt
+from .base import Artifact, CompileResult
+
+if TYPE_CHECKING:
+    from ..options import BackendOptions
+
+#: bump when the artifact layout or the rewrite changes meaning
+FORMAT_VERSION = 1
+WRAPPER_FILE = "wrapper.py"
+CONSTANTS_FILE = "constants.pt"
+AOT_META_FILE = "aot_meta.pkl"
+
+#: Inductor imports of the wrapper header that the runtime provides itself
+#: (``None``: the import is only needed by the code we drop)
+_SHIMMED_IMPORTS: dict[tuple[str, str], str | None] = {
+    ("torch._inductor.hooks", "run_intermediate_hooks"): "run_intermediate_hooks",
+    ("torch._inductor.utils", "maybe_profile"): "maybe_profile",
+    ("torch._inductor.codegen.memory_planning", "_align"): "align",
+    ("torch._inductor.async_compile", "AsyncCompile"): None,
+    ("torch._inductor.select_algorithm", "extern_kernels"): "extern_kernels",
+}
+#: debug helpers at the end of every wrapper; they import torch._dynamo/_inductor
+_DEBUG_FUNCS = {"get_args", "benchmark_compiled_module"}
+#: modules searched (in order) for a builtin extern kernel's public name
+_BUILTIN_HOMES = (
+    "torch",
+    "torch._C._nn",
+    "torch._C._VariableFunctions",
+    "torch.nn.functional",
+    "torch._C._linalg",
+    "torch._C._special",
+    "torch._C._fft",
+)
+_PRIVATE_TORCH = ("torch._inductor", "torch._dynamo")
+_PRIVATE_REF = re.compile(r"(?<![\w.])torch\.(_inductor|_dynamo)\b")
+#: TORCHINDUCTOR_* variables that only move files around, not change code
+_ENV_NOT_CODEGEN = {"TORCHINDUCTOR_CACHE_DIR", "TORCHINDUCTOR_FX_GRAPH_CACHE", "TORCHINDUCTOR_AUTOGRAD_CACHE"}
+
+
+class Uncacheable(Exception):
+    """The graph compiled fine but cannot be stored faithfully; message says why."""
+
+
+@dataclass
+class _Capture:
+    """What our ``inner_compile`` hook saw for one Inductor compile."""
+
+    output: Any
+    fw_metadata: Any
+    is_inference: bool
+    num_inputs: int
+    fakify_first_call: bool
+
+
+@dataclass
+class _Rewritten:
+    source: str
+    kernels: list[str] = field(default_factory=list)
+    externs: set[str] = field(default_factory=set)
+    inductor_imports: list[str] = field(default_factory=list)
+
+
+class InductorCompiler:
+    """Inner compiler ``inductor``: compile with Inductor, store a self-contained artifact."""
+
+    name = "inductor"
+
+    # ------------------------------------------------------------------ key
+    def hash_factors(self, options: BackendOptions) -> dict[str, Any]:
+        """What besides the graph changes the artifact; cheap and Inductor-free.
+
+        Inductor config enters as the set of values the *user* overrode (only
+        possible once it is imported) plus ``TORCHINDUCTOR_*`` env vars, so a
+        warm process that never imports Inductor computes the same factors as
+        the cold one did with default config. The CPU capability stands in for
+        the vector ISA the kernels were built for.
+        """
+        env = {
+            k: v for k, v in sorted(os.environ.items()) if k.startswith("TORCHINDUCTOR_") and k not in _ENV_NOT_CODEGEN
+        }
+        decomps = options.custom_decompositions or {}
+        return {
+            "format": FORMAT_VERSION,
+            "torch": torch.__version__,
+            "python": list(sys.version_info[:2]),
+            "machine": platform.machine(),
+            "cpu_capability": _cpu_capability(),
+            "inductor_config": _inductor_config_overrides(),
+            "inductor_env": env,
+            "custom_decompositions": sorted(str(k) for k in decomps),
+        }
+
+    # -------------------------------------------------------------- compile
+    def compile(
+        self,
+        gm: torch.fx.GraphModule,
+        example_inputs: list[Any],
+        options: BackendOptions,
+    ) -> CompileResult:
+        """Compile with ``compile_fx`` while capturing what the artifact needs.
+
+        The AOTAutograd cache is disabled for this compile: on a hit it would skip
+        ``inner_compile`` and we would never see the generated wrapper.
+        """
+        import torch._functorch.config as functorch_config
+        from torch._guards import TracingContext
+        from torch._inductor import compile_fx as cfx
+
+        captures: list[_Capture] = []
+
+        def inner_compile(graph: torch.fx.GraphModule, inputs: list[Any], **kwargs: Any) -> Any:
+            ctx = TracingContext.try_get()
+            out = cfx.compile_fx_inner(graph, inputs, **kwargs)
+            captures.append(
+                _Capture(
+                    output=out,
+                    fw_metadata=getattr(ctx, "fw_metadata", None),
+                    is_inference=bool(kwargs.get("is_inference", False)),
+                    num_inputs=len(inputs),
+                    fakify_first_call=bool(getattr(ctx, "fakify_first_call", False)),
+                )
+            )
+            return out
+
+        disable_amp = torch._C._is_any_autocast_enabled()
+        kwargs: dict[str, Any] = {"inner_compile": inner_compile}
+        if options.custom_decompositions:
+            from torch._inductor.decomposition import select_decomp_table
+
+            kwargs["decompositions"] = {**select_decomp_table(), **options.custom_decompositions}
+        with functorch_config.patch(enable_autograd_cache=False):
+            fn = cfx.compile_fx(gm, example_inputs, **kwargs)
+        try:
+            artifact = self._package(captures, example_inputs, disable_amp)
+        except Uncacheable as e:
+            return CompileResult(fn=fn, artifact=None, reason=str(e))
+        except Exception as e:  # packaging must never break a compile that worked
+            return CompileResult(fn=fn, artifact=None, reason=f"cannot package Inductor output: {e!r}")
+        return CompileResult(fn=fn, artifact=artifact)
+
+    def _package(self, captures: list[_Capture], example_inputs: list[Any], disable_amp: bool) -> Artifact:
+        from torch._inductor import config as inductor_config
+        from torch._inductor.output_code import CompiledFxGraph
+
+        if not captures:
+            raise Uncacheable("Inductor produced no compiled graph to store")
+        if len(captures) > 1 or not captures[0].is_inference:
+            raise Uncacheable("graph needs autograd (forward+backward); only inference graphs are cached")
+        cap = captures[0]
+        cg = cap.output
+        if not isinstance(cg, CompiledFxGraph):
+            raise Uncacheable(f"Inductor returned {type(cg).__name__}, not a CompiledFxGraph")
+        if inductor_config.cpp_wrapper:
+            raise Uncacheable("inductor cpp_wrapper mode is not supported")
+        if not cg.source_code:
+            raise Uncacheable("compiled graph has no Python wrapper source")
+        if getattr(cg, "inputs_to_check", ()):
+            raise Uncacheable("graph needs runtime input realignment (GPU)")
+        if getattr(cg, "_wrap_compiled_regions", False):
+            raise Uncacheable("wrap_inductor_compiled_regions is enabled")
+        if getattr(cg, "opaque_value_type_classes", None):
+            raise Uncacheable("graph uses opaque value types")
+        if cap.num_inputs != len(example_inputs):
+            raise Uncacheable(
+                f"AOTAutograd changed the inputs ({len(example_inputs)} -> {cap.num_inputs}: "
+                "deduplicated/synthetic-base/frozen/token args)"
+            )
+
+        rewritten = rewrite_wrapper(cg.source_code)
+        plan = _runtime_plan(cap, example_inputs, disable_amp)
+
+        files: dict[str, bytes] = {WRAPPER_FILE: rewritten.source.encode()}
+        module_globals = _wrapper_globals(cg)
+        kernels: dict[str, list[str]] = {}
+        for kname in rewritten.kernels:
+            path = _kernel_path(module_globals.get(kname), kname)
+            with open(path, "rb") as f:
+                blob = f.read()
+            digest = hashlib.sha256(blob).hexdigest()[:24]
+            fname = f"k_{digest}.so"
+            files[fname] = blob
+            kernels[kname] = [fname, digest]
+
+        extern_refs: dict[str, str] = {}
+        unresolved: list[str] = []
+        if rewritten.externs:
+            from torch._inductor.select_algorithm import extern_kernels
+
+            for ename in sorted(rewritten.externs):
+                ref = reference_of(getattr(extern_kernels, ename, None))
+                if ref is None:
+                    unresolved.append(ename)
+                else:
+                    extern_refs[ename] = ref
+
+        if cg.constants:
+            files[CONSTANTS_FILE] = _save_constants(cg.constants)
+        if plan["aot_runtime"]:
+            files[AOT_META_FILE] = pickle.dumps(cap.fw_metadata)
+
+        blockers = list(plan["aot_reasons"])
+        blockers += [f"extern kernel {n} lives in torch._inductor" for n in unresolved]
+        blockers += [f"wrapper imports {m}" for m in rewritten.inductor_imports]
+        meta = {
+            "format": FORMAT_VERSION,
+            "lean": not blockers,
+            "lean_blockers": blockers,
+            "needs_inductor": bool(unresolved or rewritten.inductor_imports),
+            "aot_runtime": plan["aot_runtime"],
+            "runtime": plan["runtime"],
+            "kernels": kernels,
+            "externs": extern_refs,
+            "constants": CONSTANTS_FILE in files,
+            "num_inputs": len(example_inputs),
+        }
+        json.dumps(meta)  # fail here, not in the store, if something is not JSON-able
+        return Artifact(files=files, meta=meta)
+
+    # ----------------------------------------------------------------- load
+    def load(self, artifact: Artifact, options: BackendOptions) -> Callable[..., Any]:
+        """Rebuild the graph callable from stored files; never compiles anything.
+
+        Files are used in place when ``artifact.root`` is set (the store already
+        verified them); otherwise they are written to a private temp dir that is
+        removed once the kernels are mapped.
+        """
+        meta = artifact.meta
+        if meta.get("format") != FORMAT_VERSION:
+            raise ValueError(f"inductor artifact format {meta.get('format')!r}, expected {FORMAT_VERSION}")
+        root = getattr(artifact, "root", None)
+        tmp: str | None = None
+        if root is None:
+            tmp = root = tempfile.mkdtemp(prefix="tcb_inductor_")
+            for name, blob in artifact.files.items():
+                with open(os.path.join(tmp, name), "wb") as f:
+                    f.write(blob)
+        try:
+            return _load_from(root, meta)
+        finally:
+            if tmp is not None:
+                shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _load_from(root: str, meta: dict[str, Any]) -> Callable[..., Any]:
+    wrapper_path = os.path.join(root, WRAPPER_FILE)
+    with open(wrapper_path, encoding="utf-8") as f:
+        source = f.read()
+    namespace: dict[str, Any] = dict(rt.SHIMS)
+    namespace["extern_kernels"] = rt.build_extern_namespace(meta["externs"], bool(meta["needs_inductor"]))
+    namespace["_load_kernel"] = rt.kernel_loader(root, meta["kernels"])
+    module = rt.exec_wrapper(source, namespace, wrapper_path)
+    if meta.get("constants"):
+        # after exec: the wrapper declares each constant as ``name = None`` (Inductor
+        # also sets them as module attributes once the module has run)
+        vars(module).update(torch.load(os.path.join(root, CONSTANTS_FILE), weights_only=True))
+    runtime = meta["runtime"]
+    if meta["aot_runtime"]:
+        with open(os.path.join(root, AOT_META_FILE), "rb") as f:
+            blob = f.read()
+        return rt.aot_runtime_wrap(module.call, blob, bool(runtime.get("disable_amp")))
+    return rt.lean_callable(module.call, runtime)
+
+
+# --------------------------------------------------------------------- rewrite
+def rewrite_wrapper(source: str) -> _Rewritten:
+    """Make Inductor's wrapper loadable without Inductor.
+
+    ``X = async_compile.cpp_pybinding(...)`` becomes ``X = _load_kernel("X")``;
+    the async-compile plumbing, shimmed imports and debug helpers are dropped.
+    Line-based edits keep everything else (comments included) byte-identical.
+    Raises :class:`Uncacheable` for kernels we cannot bundle (Triton, ...).
+    """
+    tree = ast.parse(source)
+    lines = source.splitlines(keepends=True)
+    out = _Rewritten(source="")
+    edits: dict[int, tuple[int, str]] = {}  # first line -> (last line, replacement)
+
+    def replace(node: ast.stmt, text: str) -> None:
+        edits[node.lineno] = (node.end_lineno or node.lineno, text)
+
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(_PRIVATE_TORCH):
+            known = all((node.module, a.name) in _SHIMMED_IMPORTS for a in node.names) and all(
+                (a.asname or a.name) == (_SHIMMED_IMPORTS[(node.module or "", a.name)] or a.name) for a in node.names
+            )
+            if known:
+                replace(node, "")
+            else:
+                out.inductor_imports.append(node.module or "")
+        elif isinstance(node, ast.Import) and any(a.name.startswith(_PRIVATE_TORCH) for a in node.names):
+            out.inductor_imports.extend(a.name for a in node.names)
+        elif _is_async_compile_stmt(node):
+            kernel = _pybinding_target(node)
+            if kernel is None:
+                raise Uncacheable(f"unsupported kernel kind in wrapper: {ast.unparse(node)[:80]!r} (e.g. Triton)")
+            if kernel:
+                out.kernels.append(kernel)
+                replace(node, f"{kernel} = _load_kernel({kernel!r})\n")
+            else:
+                replace(node, "")
+        elif isinstance(node, ast.FunctionDef) and node.name in _DEBUG_FUNCS:
+            replace(node, "")
+        elif _is_main_guard(node):
+            replace(node, "")
+
+    pieces: list[str] = []
+    i = 1
+    while i <= len(lines):
+        if i in edits:
+            last, text = edits[i]
+            pieces.append(text)
+            i = last + 1
+        else:
+            pieces.append(lines[i - 1])
+            i += 1
+    out.source = "".join(pieces)
+
+    new_tree = ast.parse(out.source)
+    for sub in ast.walk(new_tree):
+        if isinstance(sub, ast.Name) and sub.id == "async_compile":
+            raise Uncacheable("wrapper uses async_compile outside kernel definitions")
+        if isinstance(sub, ast.Attribute) and isinstance(sub.value, ast.Name) and sub.value.id == "extern_kernels":
+            out.externs.add(sub.attr)
+    if _PRIVATE_REF.search(out.source):
+        out.inductor_imports.append("torch._inductor/torch._dynamo (inline reference)")
+    return out
+
+
+def _is_async_compile_stmt(node: ast.stmt) -> bool:
+    """Statements of the async-compile plumbing: creation, kernels, wait, del."""
+    if isinstance(node, ast.Delete):
+        return any(isinstance(t, ast.Name) and t.id == "async_compile" for t in node.targets)
+    if isinstance(node, ast.Assign):
+        if any(isinstance(t, ast.Name) and t.id == "async_compile" for t in node.targets):
+            return True
+        value = node.value
+    elif isinstance(node, ast.Expr):
+        value = node.value
+    else:
+        return False
+    return (
+        isinstance(value, ast.Call)
+        and isinstance(value.func, ast.Attribute)
+        and isinstance(value.func.value, ast.Name)
+        and value.func.value.id == "async_compile"
+    )
+
+
+def _pybinding_target(node: ast.stmt) -> str | None:
+    """Kernel name for ``X = async_compile.cpp_pybinding(...)``; "" for plumbing; None if unsupported."""
+    if isinstance(node, ast.Delete):
+        return ""
+    assert isinstance(node, (ast.Assign, ast.Expr))
+    if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "async_compile" for t in node.targets):
+        return ""  # async_compile = AsyncCompile()
+    call = node.value
+    assert isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)
+    if isinstance(node, ast.Expr):
+        return "" if call.func.attr == "wait" else None
+    if call.func.attr != "cpp_pybinding" or len(node.targets) != 1 or not isinstance(node.targets[0], ast.Name):
+        return None
+    return node.targets[0].id
+
+
+def _is_main_guard(node: ast.stmt) -> bool:
+    if not isinstance(node, ast.If) or not isinstance(node.test, ast.Compare):
+        return False
+    return isinstance(node.test.left, ast.Name) and node.test.left.id == "__name__"
+
+
+# --------------------------------------------------------------- inspection
+def _runtime_plan(cap: _Capture, example_inputs: list[Any], disable_amp: bool) -> dict[str, Any]:
+    """Decide how much of AOTAutograd's inference runtime a loaded graph needs.
+
+    The wrapper's ``call`` alone is equivalent when: no effect tokens, no tensor
+    subclasses, no functionalized RNG, inputs passed through unchanged (checked by
+    the caller), every output a fresh tensor (no alias of an input/intermediate),
+    and every input mutation applied inside the graph. The leftovers (grad off,
+    autocast off, version bumps, dynamic-dim tags, grad-mode replay) are small
+    and replayed by :func:`inductor_runtime.lean_callable`. Anything else keeps
+    AOTAutograd's real ``RuntimeWrapper`` (``aot_runtime``) or is uncacheable.
+    """
+    meta = cap.fw_metadata
+    if meta is None:
+        raise Uncacheable("no AOTAutograd metadata in the tracing context")
+    if meta.tokens:
+        raise Uncacheable("graph uses effect tokens (side-effectful ops)")
+    if getattr(meta, "is_rng_op_functionalized", False) or getattr(meta, "num_graphsafe_rng_states", 0):
+        raise Uncacheable("graph uses functionalized RNG state")
+    if cap.fakify_first_call:
+        raise Uncacheable("tracing context asks to fakify the first call")
+    for m in list(meta.subclass_inp_meta) + list(meta.subclass_fw_graph_out_meta):
+        if not isinstance(m, int) and type(m).__name__ != "PlainTensorMeta":
+            raise Uncacheable("graph has tensor-subclass inputs or outputs")
+    for x in example_inputs:
+        if isinstance(x, torch.Tensor) and type(x) not in (torch.Tensor, torch.nn.Parameter):
+            raise Uncacheable(f"input of type {type(x).__name__} (tensor subclass)")
+
+    reasons: list[str] = []
+    if meta.num_intermediate_bases:
+        reasons.append("outputs alias graph intermediates")
+    kinds = {o.output_type.name for o in meta.output_info}
+    if kinds - {"non_alias"}:
+        reasons.append(f"outputs alias inputs/intermediates ({', '.join(sorted(kinds - {'non_alias'}))})")
+    if meta.num_mutated_inp_runtime_indices:
+        reasons.append("input mutations applied outside the graph (metadata or non-kept mutation)")
+
+    bump: list[int] = []
+    if meta.keep_input_mutations:
+        bump = [int(i) for i in meta.mutated_graph_handled_indices_seen_by_autograd]
+    dyn: list[list[Any]] = []
+    if getattr(meta, "dynamic_outputs", False):
+        dyn = [[i, sorted(o.dynamic_dims)] for i, o in enumerate(meta.output_info) if o.dynamic_dims is not None]
+    return {
+        "aot_runtime": bool(reasons),
+        "aot_reasons": reasons,
+        "runtime": {
+            "disable_amp": bool(disable_amp),
+            "bump_version": bump,
+            "dynamic_dims": dyn,
+            "grad_enabled_mutation": meta.grad_enabled_mutation,
+        },
+    }
+
+
+def _wrapper_globals(cg: Any) -> dict[str, Any]:
+    """Globals of the loaded wrapper module, where resolved kernel callables live."""
+    fn = cg.current_callable
+    func = getattr(fn, "__func__", None)
+    if func is not None and hasattr(func, "__globals__"):
+        return func.__globals__
+    runner = getattr(cg, "compiled_fn_runner", None)
+    if runner is not None:
+        mod = sys.modules.get(type(runner).__module__)
+        if mod is not None:
+            return vars(mod)
+    from torch._inductor.codecache import PyCodeCache
+
+    return vars(PyCodeCache.load(cg.source_code))
+
+
+def _kernel_path(kernel: Any, name: str) -> str:
+    """The ``.so`` a resolved cpp_pybinding kernel was loaded from."""
+    path = getattr(getattr(kernel, "__self__", None), "__file__", None)
+    if not path or not os.path.isfile(path):
+        raise Uncacheable(f"cannot locate the compiled library of kernel {name}")
+    return path
+
+
+def reference_of(obj: Any) -> str | None:
+    """A ``"module:attr.path"`` that resolves back to ``obj`` without torch._inductor.
+
+    Covers aten/custom op overloads and torch builtins (``torch.addmm`` ...) and
+    importable Python functions outside torch._inductor/_dynamo; None otherwise.
+    """
+    if obj is None:
+        return None
+    candidates: list[str] = []
+    if isinstance(obj, torch._ops.OpOverload):
+        candidates.append(f"torch:ops.{obj.namespace}.{obj._opname}.{obj._overloadname}")
+    elif isinstance(obj, torch._ops.OpOverloadPacket):
+        candidates.append(f"torch:ops.{obj._qualified_op_name.replace('::', '.')}")
+    else:
+        name = getattr(obj, "__name__", None)
+        if name:
+            for home in _BUILTIN_HOMES:
+                mod = sys.modules.get(home)
+                if mod is not None and getattr(mod, name, None) is obj:
+                    candidates.append(f"{home}:{name}")
+                    break
+        module, qualname = getattr(obj, "__module__", None), getattr(obj, "__qualname__", None)
+        if module and qualname and "<" not in qualname and not module.startswith(_PRIVATE_TORCH):
+            candidates.append(f"{module}:{qualname}")
+    for ref in candidates:
+        try:
+            if rt.resolve_ref(ref) is obj:
+                return ref
+        except (ImportError, AttributeError):
+            continue
+    return None
+
+
+def _save_constants(constants: dict[str, Any]) -> bytes:
+    import io
+
+    buf = io.BytesIO()
+    torch.save(dict(constants), buf)
+    return buf.getvalue()
+
+
+def _cpu_capability() -> str:
+    try:
+        return str(torch.backends.cpu.get_cpu_capability())
+    except Exception:  # pragma: no cover - very old/odd builds
+        return "unknown"
+
+
+def _inductor_config_overrides() -> str:
+    """Hash of Inductor config values set in-process (``"default"`` if none/not imported)."""
+    cfg = sys.modules.get("torch._inductor.config")
+    if cfg is None:
+        return "default"
+    try:
+        entries = cfg._config  # type: ignore[attr-defined]
+        unset = importlib.import_module("torch.utils._config_module")._UNSET_SENTINEL
+        overrides = {}
+        for key in sorted(entries):
+            entry = entries[key]
+            value = entry.user_override.get()
+            if value is unset or value == entry.default:
+                continue
+            overrides[key] = repr(value)
+    except Exception:  # private API moved: fall back to the full portable config
+        overrides = {k: repr(v) for k, v in sorted(cfg.save_config_portable().items())}
+    if not overrides:
+        return "default"
+    return hashlib.sha256(json.dumps(overrides, sort_keys=True).encode()).hexdigest()

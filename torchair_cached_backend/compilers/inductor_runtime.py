@@ -1,0 +1,206 @@
+"""Just enough runtime to execute a stored Inductor CPU wrapper in a fresh process.
+
+A warm start must not pay for ``import torch._inductor`` (~2 s) nor compile any
+C++: the rewritten wrapper (see ``inductor.py``) gets its kernels from the bundled
+``.so`` files via :func:`load_kernel` and its few Inductor helpers from here.
+Nothing in this module imports ``torch._inductor`` or ``torch._dynamo``, except
+the explicit fallback paths (:func:`real_extern_kernels`, :func:`aot_runtime_wrap`)
+used only by artifacts whose metadata says they need them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import importlib.util
+import os
+import sys
+import types
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import torch
+
+#: env var the generated kernel modules read in ``PyInit_kernel`` (a C pointer
+#: to the tensor data accessor living in torch._C); Inductor sets it before loading
+_DATA_PTR_ENV = "_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR"
+#: Inductor's buffer alignment for memory planning (torch/_inductor/utils.py)
+ALIGN_BYTES = 64
+
+
+def load_kernel(path: str, digest: str) -> Callable[..., Any]:
+    """dlopen one bundled kernel extension in place and return its ``kernel`` entry.
+
+    The module name is keyed by the file digest so graphs sharing a kernel share
+    one loaded module, and so two different kernels never collide.
+    """
+    # always (re)set: a value inherited from a parent process points into *its* memory
+    os.environ[_DATA_PTR_ENV] = str(torch._C._dynamo.guards._torchinductor_pyobject_tensor_data_ptr)
+    # the last dotted component must be "kernel": CPython derives PyInit_<name> from it
+    name = f"_tcb_kernel_{digest}.kernel"
+    module = sys.modules.get(name)
+    if module is None:
+        spec = importlib.util.spec_from_file_location(name, path)
+        if spec is None or spec.loader is None:
+            raise ImportError(f"cannot load Inductor kernel from {path}")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        sys.modules[name] = module
+    return module.kernel
+
+
+def resolve_ref(ref: str) -> Any:
+    """Resolve ``"module:attr.path"`` (e.g. ``"torch:ops.aten.mm.out"``) to the object."""
+    module_name, _, attr_path = ref.partition(":")
+    obj: Any = importlib.import_module(module_name)
+    for part in filter(None, attr_path.split(".")):
+        obj = getattr(obj, part)
+    return obj
+
+
+def real_extern_kernels() -> Any:
+    """Inductor's own ``extern_kernels`` namespace (fallback: imports torch._inductor)."""
+    from torch._inductor.select_algorithm import extern_kernels
+
+    return extern_kernels
+
+
+def run_intermediate_hooks(name: str, val: Any) -> None:
+    """No-op stand-in: intermediate hooks are a debugging aid registered in-process."""
+
+
+@contextlib.contextmanager
+def maybe_profile(should_profile: bool, *args: Any, **kwargs: Any) -> Iterator[Any]:
+    """Same contract as Inductor's helper, for wrappers that profile themselves."""
+    if should_profile:
+        with torch.profiler.profile(*args, **kwargs) as prof:
+            yield prof
+    else:
+        yield
+
+
+def align(nbytes: int) -> int:
+    """Round ``nbytes`` up to Inductor's allocation alignment (memory planning)."""
+    return (nbytes + ALIGN_BYTES - 1) & -ALIGN_BYTES
+
+
+#: names the rewritten wrapper expects in its globals instead of Inductor imports
+SHIMS: dict[str, Any] = {
+    "run_intermediate_hooks": run_intermediate_hooks,
+    "maybe_profile": maybe_profile,
+    "align": align,
+}
+
+
+def exec_wrapper(source: str, namespace: dict[str, Any], filename: str) -> types.ModuleType:
+    """Execute a rewritten wrapper as a module (so tracebacks point at ``filename``)."""
+    module = types.ModuleType(f"_tcb_wrapper_{abs(hash(filename)):x}")
+    module.__file__ = filename
+    module.__dict__.update(namespace)
+    exec(compile(source, filename, "exec"), module.__dict__)  # noqa: S102 - our own stored code
+    return module
+
+
+def lean_callable(call: Callable[[list[Any]], Any], info: dict[str, Any]) -> Callable[..., list[Any]]:
+    """Wrap the wrapper's boxed ``call`` with the little AOTAutograd does for lean graphs.
+
+    Lean graphs need no input-mutation epilogue and no alias regeneration, so what
+    is left of AOTAutograd's inference runtime is: run with grad (and, if it was
+    on at compile time, autocast) disabled, bump version counters of inputs the
+    graph mutates, tag dynamic output dims for Dynamo, and replay a grad-mode
+    change made inside the graph.
+    """
+    disable_amp = bool(info.get("disable_amp"))
+    bump: tuple[int, ...] = tuple(info.get("bump_version", ()))
+    dyn_dims: list[tuple[int, set[int]]] = [(int(i), set(d)) for i, d in info.get("dynamic_dims", [])]
+    grad_after = info.get("grad_enabled_mutation")
+    set_grad = torch._C._set_grad_enabled
+    is_grad = torch.is_grad_enabled
+
+    def run(*args: Any) -> list[Any]:
+        if bump:
+            torch._C._increment_version(tuple(args[i] for i in bump))
+        grad = is_grad()
+        if grad:
+            set_grad(False)
+        try:
+            if disable_amp:
+                with torch._C._DisableAutocast():
+                    outs = call(list(args))
+            else:
+                outs = call(list(args))
+        finally:
+            if grad:
+                set_grad(True)
+        outs = list(outs)
+        for i, dims in dyn_dims:
+            _mark_dynamic(outs[i], dims)
+        if grad_after is not None:
+            set_grad(grad_after)
+        return outs
+
+    return run
+
+
+def _mark_dynamic(t: Any, dims: set[int]) -> None:
+    if not isinstance(t, torch.Tensor):
+        return
+    if hasattr(t, "_dynamo_propagated_dynamic_indices"):
+        t._dynamo_propagated_dynamic_indices |= dims
+    else:
+        t._dynamo_propagated_dynamic_indices = dims.copy()
+
+
+def aot_runtime_wrap(
+    call: Callable[[list[Any]], Any], runtime_metadata_blob: bytes, disable_amp: bool
+) -> Callable[..., Any]:
+    """Fallback: rebuild AOTAutograd's real inference runtime wrapper around ``call``.
+
+    Used for graphs returning aliases of inputs or mutating input metadata, where
+    replaying AOTAutograd's epilogue ourselves would be a re-implementation.
+    Imports torch._dynamo (first: runtime_wrappers has a circular import on it).
+    """
+    import pickle
+
+    import torch._dynamo  # noqa: F401  - must precede runtime_wrappers
+    from torch._functorch._aot_autograd.runtime_wrappers import RuntimeWrapper
+
+    meta = pickle.loads(runtime_metadata_blob)  # noqa: S301 - our own stored metadata
+    aot_config = types.SimpleNamespace(keep_inference_input_mutations=meta.keep_input_mutations)
+    wrapped = RuntimeWrapper(indices_of_inps_to_detach=[], trace_joint=False, disable_amp=disable_amp).post_compile(
+        _boxed(call), aot_config, runtime_metadata=meta
+    )  # type: ignore[arg-type]
+
+    def run(*args: Any) -> Any:
+        return wrapped(list(args))
+
+    return run
+
+
+def _boxed(call: Callable[[list[Any]], Any]) -> Callable[[list[Any]], Any]:
+    def boxed(args: list[Any]) -> Any:
+        return call(args)
+
+    boxed._boxed_call = True  # type: ignore[attr-defined]
+    return boxed
+
+
+def build_extern_namespace(refs: dict[str, str], use_inductor: bool) -> Any:
+    """The ``extern_kernels`` object the wrapper calls into.
+
+    Lean artifacts resolve each recorded reference (all plain torch callables);
+    others use Inductor's real namespace.
+    """
+    if use_inductor:
+        return real_extern_kernels()
+    return types.SimpleNamespace(**{name: resolve_ref(ref) for name, ref in refs.items()})
+
+
+def kernel_loader(root: str, kernels: dict[str, Sequence[str]]) -> Callable[[str], Callable[..., Any]]:
+    """``_load_kernel(name)`` for the rewritten wrapper: kernel name -> bundled file."""
+
+    def _load_kernel(name: str) -> Callable[..., Any]:
+        fname, digest = kernels[name]
+        return load_kernel(os.path.join(root, fname), digest)
+
+    return _load_kernel

@@ -1,0 +1,269 @@
+"""The ``torchair`` inner compiler: torchair's own AOTAutograd route, stored as the
+Python source torchair generates (``get_code``) for the inference graph.
+
+Cold: Dynamo graph -> torchair decompositions -> AOTAutograd (inference) ->
+``torchair.get_compiler(config)(aot_graph, inputs).get_code(extend_config)``; the
+source is exec'd and its ``kernel`` serves this process.  Warm: exec the stored
+source in a fresh module and call ``kernel`` with Dynamo's flat inputs.
+
+That shortcut is only valid when AOTAutograd adds nothing at runtime (no
+prepended parameters, no effect tokens, no outputs aliasing inputs, every input
+mutation kept in the graph); other graphs are compiled but not cached.
+
+GE's own compile cache (``ge_cache=True``, max-autotune only) goes inside the
+cache entry: the stored code names a placeholder directory, and the generated
+``_update_ge_cache_dir`` hook re-points it at ``<entry>/files/ge_cache`` before
+the first run, as torchair does when it rebases a moved cache.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import types
+from typing import TYPE_CHECKING, Any, Callable
+
+from ..logs import log, warn_once
+from ..torchair_config import config_mode, config_snapshot, is_aclgraph_mode
+from .base import Artifact, CompileResult
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..options import BackendOptions
+
+SOURCE = "torchair_graph.py"
+GE_CACHE_SUBDIR = "ge_cache"
+#: written into the stored code instead of a real path; replaced on load via the hook
+GE_CACHE_PLACEHOLDER = "<npu_cached:ge_cache_dir>"
+GE_CACHE_OPTION = "ge.graph_compiler_cache_dir"
+FORMAT = "torchair-getcode-v1"
+
+
+class _Uncacheable(Exception):
+    pass
+
+
+def _default_config(options: BackendOptions) -> Any:
+    if options.config is not None:
+        return options.config
+    from torchair import CompilerConfig
+
+    return CompilerConfig()
+
+
+def _deterministic_level() -> Any:
+    """torchair's NPU deterministic level: 0 without torch_npu loaded (as torchair)."""
+    npu_mod = sys.modules.get("torch_npu")
+    if npu_mod is None:
+        return 0
+    try:
+        return int(npu_mod.npu._get_deterministic_level())
+    except Exception as exc:  # an old torch_npu without the query
+        return f"unknown ({type(exc).__name__})"
+
+
+def _install_deterministic_guard() -> None:
+    """As torchair's backends: recompile when the NPU deterministic level changes."""
+    if "torch_npu" not in sys.modules:
+        return
+    try:
+        from torch_npu.dynamo._deterministic_guard import install_npu_deterministic_level_guard
+    except ImportError:
+        warn_once("torchair-det-guard", "npu_cached: torch_npu has no install_npu_deterministic_level_guard; "
+                  "skip installing the npu deterministic level guard")
+        return
+    try:
+        install_npu_deterministic_level_guard()
+    except Exception as exc:  # no tracing context (e.g. the guard-bypass loader)
+        log.debug("npu_cached: deterministic level guard not installed: %r", exc)
+
+
+def _uses_ge_cache(options: BackendOptions, config: Any) -> bool:
+    if not options.ge_cache:
+        return False
+    if is_aclgraph_mode(config):
+        warn_once(
+            "torchair-ge_cache-aclgraph",
+            "npu_cached: ge_cache=True has no effect in aclgraph mode %s; it applies to GE max-autotune only",
+            config_mode(config),
+        )
+        return False
+    return config_mode(config) == "max-autotune"
+
+
+def _exec_source(src: str, name: str) -> types.ModuleType:
+    module = types.ModuleType(name)
+    exec(compile(src, f"<npu_cached torchair graph {name}>", "exec"), module.__dict__)  # noqa: S102
+    return module
+
+
+def _check_no_aot_runtime(graph: Any, example_inputs: list[Any], dynamo_inputs: int) -> dict[str, Any]:
+    """The facts that make ``kernel(*dynamo_args)`` equal AOTAutograd's inference call."""
+    from torch._guards import TracingContext
+
+    placeholders = [n for n in graph.graph.nodes if n.op == "placeholder"]
+    if len(placeholders) != dynamo_inputs:
+        raise _Uncacheable(
+            f"AOTAutograd graph takes {len(placeholders)} inputs but Dynamo passes {dynamo_inputs} "
+            "(lifted parameters/buffers or deduplicated inputs need AOT runtime wrappers)"
+        )
+    ctx = TracingContext.try_get()
+    meta = getattr(ctx, "fw_metadata", None)
+    if meta is None:
+        raise _Uncacheable("no AOTAutograd metadata in the tracing context")
+    if meta.tokens:
+        raise _Uncacheable("graph uses effect tokens (side-effectful ops)")
+    if any(not isinstance(m, int) and type(m).__name__ != "PlainTensorMeta" for m in meta.subclass_inp_meta):
+        raise _Uncacheable("graph has tensor-subclass inputs")
+    if meta.num_intermediate_bases:
+        raise _Uncacheable("outputs alias graph intermediates")
+    kinds = sorted({o.output_type.name for o in meta.output_info} - {"non_alias"})
+    if kinds:
+        raise _Uncacheable(f"outputs alias inputs/intermediates ({', '.join(kinds)}) and need AOT runtime wrappers")
+    if meta.num_mutated_inp_runtime_indices:
+        raise _Uncacheable("input mutations applied outside the graph need AOT runtime wrappers")
+    return {
+        "num_inputs": dynamo_inputs,
+        "num_outputs": len(meta.output_info),
+        "keep_input_mutations": bool(meta.keep_input_mutations),
+        "mutated_inputs_in_graph": [int(i) for i in getattr(meta, "mutated_graph_handled_indices_seen_by_autograd", [])],
+    }
+
+
+class TorchairCompiler:
+    """Inner compiler ``torchair``: GE (max-autotune) or aclgraph codegen via torchair."""
+
+    name = "torchair"
+
+    # ------------------------------------------------------------------ key
+    def hash_factors(self, options: BackendOptions) -> dict[str, Any]:
+        from ..environment import torch_npu_version, torchair_version
+
+        config = _default_config(options)
+        return {
+            "format": FORMAT,
+            "torchair": torchair_version(),
+            "torch_npu": torch_npu_version(),
+            "mode": config_mode(config),
+            "config": config_snapshot(config),
+            "npu_deterministic_level": _deterministic_level(),
+            "ge_cache": bool(options.ge_cache),
+        }
+
+    # -------------------------------------------------------------- compile
+    def compile(self, gm: torch.fx.GraphModule, example_inputs: list[Any], options: BackendOptions) -> CompileResult:
+        import torch
+        import torchair
+        from torchair import npu_fx_compiler as nfc
+
+        config = _default_config(options)
+        use_ge_cache = _uses_ge_cache(options, config)
+        cold_ge_dir = self._cold_ge_cache_dir(gm, example_inputs, options) if use_ge_cache else None
+        extend_config = {GE_CACHE_OPTION: GE_CACHE_PLACEHOLDER} if use_ge_cache else {}
+
+        _install_deterministic_guard()
+        try:
+            from torchair.configs.compiler_config import _check_config_support
+
+            _check_config_support(config)
+        except ImportError:
+            pass
+        # torchair's decomposition merge: its npu defaults, the user's on top, then its patches
+        decompositions = nfc._get_merged_decompositions(config, dict(options.custom_decompositions or {}))
+        if hasattr(nfc, "_process_send_recv"):
+            nfc._process_send_recv(gm, config)
+
+        dynamo_inputs = len(example_inputs)
+        state: dict[str, Any] = {}
+
+        def codegen_compiler(graph: torch.fx.GraphModule, inputs: list[Any]) -> Callable[..., Any]:
+            compiled = torchair.get_compiler(config)(graph, inputs)
+            src = compiled.get_code(extend_config)  # raises on RNG inputs: let it surface
+            if not isinstance(src, str):
+                state["reason"] = f"torchair codegen returned {type(src).__name__}, not Python source"
+                return compiled
+            try:
+                state["aot"] = _check_no_aot_runtime(graph, inputs, dynamo_inputs)
+            except _Uncacheable as exc:
+                state["reason"] = str(exc)
+            state["src"] = src
+            module = _exec_source(src, SOURCE)
+            hook = getattr(module, "_update_ge_cache_dir", None)
+            if use_ge_cache and hook is not None:
+                hook(cold_ge_dir)
+            return module.kernel
+
+        def bw_compiler(graph: Any, inputs: Any) -> Any:
+            raise RuntimeError("npu_cached torchair: backward compilation is not supported (inference only)")
+
+        if hasattr(nfc, "_compile_graph_with_aot"):  # torchair's own cache-mode AOT route
+            fn = nfc._compile_graph_with_aot(
+                gm, codegen_compiler, example_inputs, config, decompositions, is_cache=True, bw_compiler=bw_compiler
+            )
+        else:  # older torchair: the same AOTAutograd call, without its input-attribute wrappers
+            from torch._functorch.aot_autograd import aot_module_simplified
+            from torch._functorch.partitioners import default_partition
+
+            fn = aot_module_simplified(
+                gm, example_inputs, fw_compiler=codegen_compiler, bw_compiler=bw_compiler,
+                partition_fn=default_partition, keep_inference_input_mutations=True, decompositions=decompositions,
+            )
+        if "src" not in state:
+            return CompileResult(fn, None, state.get("reason", "torchair produced no inference code"))
+        if "reason" in state:
+            return CompileResult(fn, None, state["reason"])
+        meta = {
+            "format": FORMAT,
+            "mode": config_mode(config),
+            "aot": state["aot"],
+            "ge_cache": use_ge_cache,
+            "ge_cache_placeholder": GE_CACHE_PLACEHOLDER if use_ge_cache else None,
+            "has_ge_cache_hook": "def _update_ge_cache_dir(" in state["src"],
+        }
+        return CompileResult(fn, Artifact(files={SOURCE: state["src"].encode()}, meta=meta))
+
+    @staticmethod
+    def _cold_ge_cache_dir(gm: Any, example_inputs: list[Any], options: BackendOptions) -> str:
+        """Where the entry being compiled will live, so GE's first run already writes
+        its cache there (the backend publishes the entry before the first run)."""
+        import torch
+
+        from .. import key as keys
+        from ..backend import graph_store
+
+        try:
+            key, _ = keys.compute_key(gm, example_inputs, TorchairCompiler(), options, torch.is_grad_enabled())
+            return os.path.join(graph_store(options).entry_path(key), "files", GE_CACHE_SUBDIR)
+        except Exception as exc:  # never fail a compile over where GE puts its cache
+            log.debug("npu_cached: cannot compute the entry path for the GE cache: %r", exc)
+            import tempfile
+
+            return tempfile.mkdtemp(prefix="npu_cached_ge_cache_")
+
+    # ----------------------------------------------------------------- load
+    def load(self, artifact: Artifact, options: BackendOptions) -> Callable[..., Any]:
+        meta = artifact.meta
+        if meta.get("format") != FORMAT:
+            raise ValueError(f"artifact format {meta.get('format')!r} is not {FORMAT!r}")
+        src = artifact.files[SOURCE].decode()
+        _install_deterministic_guard()
+        module = _exec_source(src, SOURCE)
+        if meta.get("ge_cache"):
+            hook = getattr(module, "_update_ge_cache_dir", None)
+            if hook is None:
+                raise ValueError("stored GE code has no _update_ge_cache_dir hook for its ge_cache dir")
+            if artifact.root is None:
+                raise ValueError("artifact has no root directory to hold the GE cache")
+            hook(os.path.join(artifact.root, GE_CACHE_SUBDIR))
+        kernel = module.kernel
+        expected = int(meta["aot"]["num_inputs"])
+
+        def torchair_graph(*args: Any) -> Any:
+            if len(args) != expected:
+                raise TypeError(f"npu_cached torchair graph takes {expected} inputs, got {len(args)}")
+            return kernel(*args)
+
+        torchair_graph.kernel = kernel  # type: ignore[attr-defined]
+        torchair_graph.module = module  # type: ignore[attr-defined]
+        return torchair_graph

@@ -1,0 +1,130 @@
+"""Parsing and validation of ``torch.compile(..., options={...})`` for ``npu_cached``."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+COMPILERS = ("auto", "torchair", "inductor", "eager")
+DEFAULT_CACHE_DIR = ".torchair_cache"
+CACHE_HOME_ENV = "TORCHAIR_CACHE_HOME"
+
+
+class OptionError(ValueError):
+    """A bad ``options`` key or value; the message names the fix."""
+
+
+@dataclasses.dataclass
+class BackendOptions:
+    """Validated options of one ``npu_cached`` backend instance.
+
+    ``cache_dir`` is always absolute once parsed, so a later ``chdir`` does not
+    move the cache.
+    """
+
+    cache_dir: str
+    compiler: str = "auto"
+    config: Any = None  # torchair CompilerConfig or None
+    ge_cache: bool = False
+    custom_decompositions: dict[Any, Any] | None = None
+    global_rank: int | None = None
+    tp_rank: int | None = None
+    pp_rank: int | None = None
+    check_inputs: bool = True
+    dynamic: bool | None = None
+    reject_rng: bool = False
+
+    def resolved_compiler(self) -> str:
+        """The inner compiler actually used (``auto`` resolved)."""
+        if self.compiler != "auto":
+            return self.compiler
+        from .environment import npu_available
+
+        return "torchair" if npu_available() else "inductor"
+
+
+def default_cache_dir() -> str:
+    """``$TORCHAIR_CACHE_HOME``, else ``./.torchair_cache`` (absolute)."""
+    return os.path.abspath(os.environ.get(CACHE_HOME_ENV) or DEFAULT_CACHE_DIR)
+
+
+def _check_rank(name: str, value: Any) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise OptionError(f"npu_cached option {name!r} must be a non-negative int or None, got {value!r}")
+    return value
+
+
+def _check_bool(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise OptionError(f"npu_cached option {name!r} must be True or False, got {value!r}")
+    return value
+
+
+def _check_config(value: Any) -> Any:
+    if value is None:
+        return None
+    cls = type(value)
+    if cls.__name__ != "CompilerConfig":
+        raise OptionError(
+            "npu_cached option 'config' must be a torchair CompilerConfig "
+            f"(torchair.CompilerConfig()), got {cls.__module__}.{cls.__qualname__}"
+        )
+    return value
+
+
+def _check_decompositions(value: Any) -> dict[Any, Any] | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict) or not all(callable(v) for v in value.values()):
+        raise OptionError(
+            "npu_cached option 'custom_decompositions' must be a dict {OpOverload: callable}, "
+            "e.g. torch._decomp.get_decompositions([torch.ops.aten.add.default])"
+        )
+    return value
+
+
+_VALIDATORS = {
+    "cache_dir": None,
+    "compiler": None,
+    "config": _check_config,
+    "ge_cache": lambda v: _check_bool("ge_cache", v),
+    "custom_decompositions": _check_decompositions,
+    "global_rank": lambda v: _check_rank("global_rank", v),
+    "tp_rank": lambda v: _check_rank("tp_rank", v),
+    "pp_rank": lambda v: _check_rank("pp_rank", v),
+    "check_inputs": lambda v: _check_bool("check_inputs", v),
+    "dynamic": lambda v: v if v is None else _check_bool("dynamic", v),
+    "reject_rng": lambda v: _check_bool("reject_rng", v),
+}
+VALID_KEYS = tuple(_VALIDATORS)
+
+
+def parse_options(options: dict[str, Any] | None = None, **extra: Any) -> BackendOptions:
+    """Validate a user ``options`` dict; unknown keys and bad values raise
+    :class:`OptionError` listing what is valid."""
+    merged = dict(options or {})
+    merged.update(extra)
+    unknown = sorted(set(merged) - set(VALID_KEYS))
+    if unknown:
+        raise OptionError(
+            f"unknown npu_cached option(s) {unknown}; valid options are: {', '.join(VALID_KEYS)}"
+        )
+    cache_dir = merged.pop("cache_dir", None)
+    if cache_dir is None:
+        cache_dir = default_cache_dir()
+    elif not isinstance(cache_dir, (str, os.PathLike)) or not os.fspath(cache_dir):
+        raise OptionError(f"npu_cached option 'cache_dir' must be a non-empty path, got {cache_dir!r}")
+    compiler = merged.pop("compiler", "auto")
+    if compiler not in COMPILERS:
+        raise OptionError(f"npu_cached option 'compiler' must be one of {COMPILERS}, got {compiler!r}")
+    checked = {k: _VALIDATORS[k](v) for k, v in merged.items()}
+    opts = BackendOptions(cache_dir=os.path.abspath(os.fspath(cache_dir)), compiler=compiler, **checked)
+    if opts.ge_cache and compiler in ("inductor", "eager"):
+        raise OptionError(
+            f"npu_cached option 'ge_cache=True' needs the torchair compiler (GE max-autotune), "
+            f"not compiler={compiler!r}; drop ge_cache or use compiler='torchair'/'auto'"
+        )
+    return opts

@@ -1,0 +1,45 @@
+"""Registration of ``npu_cached`` with Dynamo, kept apart from compiling.
+
+Two routes, both idempotent: the ``torch_dynamo_backends`` entry point (an
+installed package needs no import at all), and :func:`register` on import when
+Dynamo is already loaded. Importing this module never imports Dynamo.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+BACKEND_NAME = "npu_cached"
+
+
+def npu_cached(gm: Any, example_inputs: list[Any], **kwargs: Any) -> Any:
+    """Entry-point target; imports the backend machinery on first use only."""
+    from .backend import npu_cached as backend
+
+    return backend(gm, example_inputs, **kwargs)
+
+
+def register() -> None:
+    """Make ``backend="npu_cached"`` resolvable in this process.
+
+    When the name was discovered through the entry point but not yet loaded,
+    Dynamo will load it itself; registering as well would make Dynamo's own
+    ``register_backend`` fail on a duplicate name, so we leave it alone.
+    """
+    from torch._dynamo.backends import registry
+
+    from .bypass.capture import ensure_installed
+
+    ensure_installed()
+    if BACKEND_NAME in registry._COMPILER_FNS:
+        return
+    if registry._BACKENDS.get(BACKEND_NAME) is not None:  # an entry point Dynamo will load
+        return
+    registry.register_backend(compiler_fn=npu_cached, name=BACKEND_NAME)
+
+
+def register_if_dynamo_loaded() -> None:
+    """Called at package import: cheap when Dynamo is not imported yet."""
+    if "torch._dynamo.backends.registry" in sys.modules:
+        register()
