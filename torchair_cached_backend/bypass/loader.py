@@ -198,12 +198,38 @@ class _LightDynamoUtils:
     def record_pregraph_bytecode_enter() -> None:
         return None
 
+    # Rebuilding user objects the graph returns (dataclasses, plain classes) goes
+    # through these: write straight into the instance ``__dict__``, bypassing
+    # ``__setattr__`` (frozen dataclasses) exactly as a fresh ``__init__`` would.
+    @staticmethod
+    def object_setattr_ignore_descriptor(obj: Any, name: str, value: Any) -> None:
+        _instance_dict(obj)[name] = value
+
+    @staticmethod
+    def object_delattr_ignore_descriptor(obj: Any, name: str) -> None:
+        del _instance_dict(obj)[name]
+
+    object_new = staticmethod(object.__new__)
+    dict_getitem = staticmethod(dict.__getitem__)
+    list_getitem = staticmethod(list.__getitem__)
+
     @staticmethod
     def record_pregraph_bytecode_exit(cm: Any) -> None:
         return None
 
     def __getattr__(self, name: str) -> Any:
         return getattr(importlib.import_module("torch._dynamo.utils"), name)
+
+
+def _instance_dict(obj: Any) -> dict[str, Any]:
+    import threading
+
+    try:
+        return object.__getattribute__(obj, "__dict__")
+    except AttributeError:
+        if isinstance(obj, threading.local):  # its per-thread dict is not visible to object's getattr
+            return threading.local.__getattribute__(obj, "__dict__")
+        raise
 
 
 def _module(name: str) -> Any:
