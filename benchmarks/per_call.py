@@ -195,6 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     machine = machine_info()
     work = tempfile.mkdtemp(prefix="tcb_per_call_")
     env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=os.path.join(work, "inductor"), **ENV)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)  # as installed: .pyc files present
     me = os.path.abspath(__file__)
     results, targets = [], []
     try:

@@ -149,6 +149,9 @@ PREPS: dict[str, tuple[str, dict[str, str]]] = {
     "npu_eager": ("npu_cached", {"npu_cache": "npu_eager", "compiler": "eager"}),
 }
 CHILD_ENV = {"OMP_NUM_THREADS": "1", "TORCHINDUCTOR_VEC_ISA_OK": "1"}
+#: an installed package has .pyc files; without them every child recompiles our
+#: package's source (~70 ms), which is a property of this checkout, not of the cache
+BYTECODE_CACHE = True
 
 
 def _disk_bytes(path: str) -> int:
@@ -170,6 +173,8 @@ def _spawn(action: str, model: str, paths: dict[str, str], inductor_dir: str, ti
 
     os.makedirs(inductor_dir, exist_ok=True)
     env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=inductor_dir, **CHILD_ENV)
+    if BYTECODE_CACHE:
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
     cmd = [sys.executable, os.path.abspath(__file__), "--child", action, model, json.dumps(paths)]
     t = time.perf_counter()
     try:
@@ -496,7 +501,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=1800, help="seconds per child process")
     p.add_argument("--workdir", help="where caches go (default: a temp dir, deleted afterwards)")
     p.add_argument("--render", metavar="JSON", help="only re-render .md/.png from an existing JSON")
+    p.add_argument(
+        "--no-bytecode-cache",
+        action="store_true",
+        help="keep PYTHONDONTWRITEBYTECODE for children (default: unset it, as an installed package has .pyc files)",
+    )
     a = p.parse_args(argv)
+    global BYTECODE_CACHE
+    BYTECODE_CACHE = not a.no_bytecode_cache
     if a.render:
         with open(a.render) as f:
             write_outputs(json.load(f), a.render)
@@ -532,6 +544,7 @@ def main(argv: list[str] | None = None) -> int:
             "modes": modes,
             "repeat": a.repeat,
             "child_env": CHILD_ENV,
+            "bytecode_cache": BYTECODE_CACHE,
             "grad": "torch.no_grad()",
             "timeout_s": a.timeout,
             "suite_seconds": round(time.perf_counter() - t0, 1),

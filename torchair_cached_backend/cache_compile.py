@@ -11,6 +11,7 @@ import functools
 import hashlib
 import os
 import types
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -19,7 +20,7 @@ from .logs import log, warn_once
 from .options import CACHE_HOME_ENV, DEFAULT_CACHE_DIR, parse_options
 from .torchair_config import backend_config, config_snapshot, is_aclgraph_mode
 
-_KWARGS = ("custom_decompositions", "compiler")
+_KWARGS = ("custom_decompositions", "compiler", "fullgraph")
 
 
 def _root_dir(cache_dir: str | os.PathLike[str] | None) -> str:
@@ -60,7 +61,12 @@ def model_info(func: Any, *, config: Any, dynamic: bool, ge_cache: bool, compile
     owner module's structure and every option, so differently-configured
     compilations of one model never share a directory."""
     owner = getattr(func, "__self__", None)
-    described = str(owner) if owner is not None else f"{func.__module__}.{func.__qualname__}"
+    if owner is None:
+        described = f"{func.__module__}.{func.__qualname__}"
+    elif type(owner).__repr__ is object.__repr__:  # "<... object at 0x...>" differs in every process
+        described = f"{type(owner).__module__}.{type(owner).__qualname__}"
+    else:  # an nn.Module prints its structure, as torchair hashes it
+        described = str(owner)
     options = {
         "config": config_snapshot(config),
         "dynamic": dynamic,
@@ -85,7 +91,15 @@ class CacheCompiledFunction:
     """What :func:`cache_compile` returns: warm-starts from the cache on the first
     call, else compiles (caching as it goes); the same arguments as ``func``."""
 
-    def __init__(self, func: Callable[..., Any], cache_path: str, backend_options: dict[str, Any], dynamic: bool) -> None:
+    def __init__(
+        self,
+        func: Callable[..., Any],
+        cache_path: str,
+        backend_options: dict[str, Any],
+        dynamic: bool,
+        fullgraph: bool = False,
+    ) -> None:
+        self._fullgraph = fullgraph
         self._func = func
         self.cache_path = cache_path
         self._backend_options = backend_options
@@ -115,10 +129,15 @@ class CacheCompiledFunction:
         from .backend import make_backend
 
         self._compiled = True
-        # torchair compiles with fullgraph=True, so a graph break is an error there. Here the
+        # torchair compiles with fullgraph=True, so a graph break is an error there. By default the
         # capture replays resume functions too, so a graph break is served (as several graphs)
-        # instead of failing; functions torchair accepts behave the same either way.
-        return torch.compile(self._func, backend=make_backend(**self._backend_options), dynamic=self._dynamic)
+        # instead of failing; fullgraph=True (as vllm-ascend passes it) restores the strict form.
+        return torch.compile(
+            self._func,
+            backend=make_backend(**self._backend_options),
+            dynamic=self._dynamic,
+            fullgraph=self._fullgraph,
+        )
 
     def _check_recompile(self) -> None:
         """The cache holds one compiled graph per function; a recompile invalidates it."""
@@ -130,13 +149,13 @@ class CacheCompiledFunction:
             if builder.cache_dir == self._options.cache_dir and len(builder.variants) > 1 and not builder.disabled:
                 builder.disabled = True
                 program_store(builder.cache_dir).remove(builder.key)
-                warn_once(
-                    f"recompiled:{builder.key}",
-                    "cache_compile: skip cache as %s recompiled (new input shapes or types); the cache at %s is "
-                    "invalidated. Use dynamic=True, or call with the shapes it was cached for.",
-                    builder.identity["qualname"],
-                    self.cache_path,
+                message = (
+                    f"cache_compile: skip cache as {builder.identity['qualname']} recompiled (new input shapes or "
+                    f"types); the cache at {self.cache_path} is invalidated. Use dynamic=True, or call with the "
+                    "shapes it was cached for."
                 )
+                warn_once(f"recompiled:{builder.key}", "%s", message)
+                warnings.warn(message, stacklevel=3)  # as torchair: visible without logging configured
 
 
 def cache_compile(
@@ -155,8 +174,9 @@ def cache_compile(
     """Cache the compilation of ``func`` (an nn.Module method, ``model.forward``, a
     function, or a closure): same signature and behaviour as torchair's.
 
-    ``kwargs`` takes ``custom_decompositions`` and ``compiler``
-    (``"auto" | "torchair" | "inductor" | "eager"``).
+    ``kwargs`` takes ``custom_decompositions``, ``compiler``
+    (``"auto" | "torchair" | "inductor" | "eager"``) and ``fullgraph`` (default False:
+    graph breaks are cached and replayed; True makes them an error, as in torchair).
     """
     unknown = sorted(set(kwargs) - set(_KWARGS))
     if unknown:
@@ -202,4 +222,7 @@ def cache_compile(
         "reject_rng": True,
     }
     parse_options(backend_options)  # fail now, not at the first call
-    return CacheCompiledFunction(func, path, backend_options, dynamic)
+    fullgraph = kwargs.get("fullgraph", False)
+    if not isinstance(fullgraph, bool):
+        raise TypeError(f"cache_compile(fullgraph=...) must be a bool, got {fullgraph!r}")
+    return CacheCompiledFunction(func, path, backend_options, dynamic, fullgraph)

@@ -19,12 +19,14 @@ from ..logs import log
 from . import code_codec
 from .program import function_identity, program_key, program_store
 from .signature import describe_args
-from .sources import describe_traced, tensor_state
+from .sources import RESUME_PREFIX, describe_traced, tensor_state
 
 _installed = False
 _lock = threading.RLock()
-#: program key -> builder, for the programs this process is building
-_builders: dict[str, ProgramBuilder] = {}
+#: (cache dir, program key) -> builder, for the programs this process is building. The
+#: program key names the function, not the cache, so one function compiled into two
+#: caches (two backends) has two builders.
+_builders: dict[tuple[str, str], ProgramBuilder] = {}
 #: id(original resume code) -> (code, [(builder, frame id, global name)])
 _pending: dict[int, tuple[types.CodeType, list[tuple[ProgramBuilder, str, str]]]] = {}
 
@@ -142,6 +144,21 @@ def _on_bytecode(code: types.CodeType, out_code: types.CodeType) -> None:
     return None
 
 
+def _take_pending(code: types.CodeType, cache_dir: str | None) -> list[tuple[ProgramBuilder, str, str]]:
+    """The program slots waiting for this resume code, for the cache its graphs went to
+    (one function compiled by two backends has one resume code, compiled once per backend)."""
+    entry = _pending.get(id(code))
+    if entry is None or entry[0] is not code:
+        return []
+    mine = [p for p in entry[1] if cache_dir is None or p[0].cache_dir == cache_dir]
+    rest = [p for p in entry[1] if not (cache_dir is None or p[0].cache_dir == cache_dir)]
+    if rest:
+        _pending[id(code)] = (code, rest)
+    else:
+        del _pending[id(code)]
+    return mine
+
+
 def _record(code: types.CodeType, out_code: types.CodeType) -> None:
     output, frame_locals = _find_compile_context(code)
     if output is None:
@@ -149,32 +166,34 @@ def _record(code: types.CodeType, out_code: types.CodeType) -> None:
     scope = output.global_scope
     names = sorted(n for n in _names(out_code) if n.startswith(DYNAMO_PREFIXES))
     graphs = {n: _our_graph(scope.get(n)) for n in names if n.startswith("__compiled_fn")}
-    pending = _pending.pop(id(code), None)
-    if pending is not None and pending[0] is not code:
-        pending = None
     if any(g is None for g in graphs.values()):
+        _pending.pop(id(code), None)
         return  # another backend's graph: not ours to replay
-    if not graphs and pending is None:
+    first = next(iter(graphs.values()), None)
+    waiting = _take_pending(code, first.options.cache_dir if first is not None and first.options else None)
+    if not graphs and not waiting:
         return
     uncached = [n for n, g in graphs.items() if not g.cached]
-    first = next(iter(graphs.values()), None)
-    if pending is not None:
-        for builder, slot_frame, slot_name in pending[1]:
+    if waiting:
+        for builder, slot_frame, slot_name in waiting:
             fid = _add_frame(builder, code, out_code, scope, names, graphs, output)
             builder.frames[slot_frame]["globals"][slot_name] = {"kind": "resume", "frame": fid}
             if uncached:
                 builder.unsupported = f"graph in resume frame {code.co_name} is not cacheable"
             builder.publish()
         return
+    if code.co_name.startswith(RESUME_PREFIX):
+        return  # a resume function nobody waits for (e.g. recompiled alone): never replayed as a root
     options = first.options
     if options is None:
         return
     identity = function_identity(code, scope.get("__name__"))
     fingerprint = code_codec.code_fingerprint(code)
     key = program_key(identity, fingerprint, first.compiler)
-    builder = _builders.get(key)
+    builder = _builders.get((options.cache_dir, key))
     if builder is None:
-        builder = _builders[key] = ProgramBuilder(key, identity, options.cache_dir, first.compiler, fingerprint)
+        builder = ProgramBuilder(key, identity, options.cache_dir, first.compiler, fingerprint)
+        _builders[(options.cache_dir, key)] = builder
     if uncached:
         builder.unsupported = "a graph of this function is not cacheable (needs autograd or the compiler declined)"
     fid = _add_frame(builder, code, out_code, scope, names, graphs, output)

@@ -13,7 +13,8 @@ import builtins
 import importlib
 import time
 import types
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from ..compilers import get_compiler
 from ..logs import log
@@ -52,7 +53,10 @@ def resolve_target(target: Any) -> tuple[types.FunctionType, Any]:
 
 
 class ReplayedFunction:
-    """A function replayed from cache; calls it with the input check in front."""
+    """A function replayed from cache; calls it with the input check in front.
+
+    Calls are bound like the original function's (keywords, defaults, keyword-only
+    arguments) to the full argument list the signature was recorded for."""
 
     def __init__(
         self,
@@ -61,6 +65,7 @@ class ReplayedFunction:
         arg_names: list[str],
         check_inputs: bool,
         qualname: str,
+        func: types.FunctionType | None = None,
     ) -> None:
         self._variants = variants
         self._self = bound_self
@@ -70,28 +75,60 @@ class ReplayedFunction:
         prefix = () if bound_self is None else (bound_self,)
         self._prefix = prefix
         self._fn0 = variants[0][1]
+        n_self = len(prefix)
+        code = func.__code__ if func is not None else None
+        self._n_pos = (code.co_argcount - n_self) if code is not None else len(arg_names)
+        self._pos_names = arg_names[: self._n_pos]
+        self._kwonly = arg_names[self._n_pos :]
+        defaults = (func.__defaults__ or ()) if func is not None else ()
+        pos_all = list(code.co_varnames[: code.co_argcount]) if code is not None else []
+        self._defaults = dict(zip(pos_all[len(pos_all) - len(defaults) :], defaults, strict=True)) if defaults else {}
+        self._kwdefaults = dict((func.__kwdefaults__ or {}) if func is not None else {})
+        self._simple = not self._kwonly and not self._defaults
 
     def _bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+        """The values of every recorded argument, in order, as the original would bind them."""
+        if len(args) > self._n_pos:
+            raise InputSignatureError(
+                f"{self.__qualname__}() takes {self._n_pos} positional arguments but {len(args)} were given"
+            )
+        kwargs = dict(kwargs)
         values = list(args)
-        for name in self._arg_names[len(args) :]:
-            if name not in kwargs:
-                break
-            values.append(kwargs.pop(name))
+        for name in self._pos_names[len(args) :]:
+            if name in kwargs:
+                values.append(kwargs.pop(name))
+            elif name in self._defaults:
+                values.append(self._defaults[name])
+            else:
+                raise InputSignatureError(f"{self.__qualname__}() missing required argument {name!r}")
+        for name in self._kwonly:
+            if name in kwargs:
+                values.append(kwargs.pop(name))
+            elif name in self._kwdefaults:
+                values.append(self._kwdefaults[name])
+            else:
+                raise InputSignatureError(f"{self.__qualname__}() missing required keyword-only argument {name!r}")
         if kwargs:
-            raise TypeError(f"{self.__qualname__}() got unexpected keyword arguments {sorted(kwargs)}")
+            raise InputSignatureError(f"{self.__qualname__}() got unexpected keyword arguments {sorted(kwargs)}")
         return tuple(values)
 
+    def _invoke(self, fn: Callable[..., Any], values: tuple[Any, ...]) -> Any:
+        if not self._kwonly:
+            return fn(*self._prefix, *values)
+        n = self._n_pos
+        return fn(*self._prefix, *values[:n], **dict(zip(self._kwonly, values[n:], strict=False)))
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if kwargs:
+        if kwargs or not self._simple or len(args) != self._n_pos:
             args = self._bind(args, kwargs)
         if not self._check:
-            return self._fn0(*self._prefix, *args)
+            return self._invoke(self._fn0, args)
         first_error = None
         for check, fn in self._variants:
             error = check.mismatch(args)
             if error is None:
                 check.check_grad()
-                return fn(*self._prefix, *args)
+                return self._invoke(fn, args)
             first_error = first_error or error
         raise InputSignatureError(
             f"{self.__qualname__}: {first_error}. The cache holds a graph for other inputs; "
@@ -112,6 +149,8 @@ def build_replay(target: Any, options: BackendOptions) -> ReplayedFunction:
     if entry is None:
         raise CacheMiss(_why_missing(store, identity, key, code, compiler_name, options.cache_dir))
     program = entry.manifest["program"]
+    if program.get("function", {}).get("varargs"):
+        raise CacheMiss(f"{identity['qualname']} takes *args/**kwargs: its replay is not supported, it is compiled instead")
     if program.get("unsupported"):
         raise CacheMiss(f"cached program for {identity['qualname']} cannot be replayed: {program['unsupported']}")
     stale = stale_sources(program.get("traced", []))
@@ -134,7 +173,7 @@ def build_replay(target: Any, options: BackendOptions) -> ReplayedFunction:
     if not variants:
         raise CacheMiss(f"cached program for {identity['qualname']} has no variant")
     arg_names = program["variants"][0].get("arg_names", [])
-    replay = ReplayedFunction(variants, bound_self, arg_names, options.check_inputs, identity["qualname"])
+    replay = ReplayedFunction(variants, bound_self, arg_names, options.check_inputs, identity["qualname"], func)
     dt = time.perf_counter() - t0
     record(bypass_loads=1, load_seconds=dt)
     log.info("npu_cached bypass load %s (%s, %d variant(s)) in %.3fs", identity["qualname"], compiler_name, len(variants), dt)

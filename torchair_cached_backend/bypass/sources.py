@@ -105,7 +105,7 @@ def find_live_code(module_name: str | None, qualname: str) -> types.CodeType | N
 
 
 def _unwrap(obj: Any) -> Any:
-    while hasattr(obj, "__wrapped__") and isinstance(getattr(obj, "__wrapped__"), types.FunctionType):
+    while hasattr(obj, "__wrapped__") and isinstance(obj.__wrapped__, types.FunctionType):
         obj = obj.__wrapped__
     return obj
 

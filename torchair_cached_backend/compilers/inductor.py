@@ -90,6 +90,7 @@ class _Capture:
     is_inference: bool
     num_inputs: int
     fakify_first_call: bool
+    cudagraphs: bool
 
 
 @dataclass
@@ -158,6 +159,7 @@ class InductorCompiler:
                     is_inference=bool(kwargs.get("is_inference", False)),
                     num_inputs=len(inputs),
                     fakify_first_call=bool(getattr(ctx, "fakify_first_call", False)),
+                    cudagraphs=bool(kwargs.get("cudagraphs")),
                 )
             )
             return out
@@ -190,6 +192,8 @@ class InductorCompiler:
         cg = cap.output
         if not isinstance(cg, CompiledFxGraph):
             raise Uncacheable(f"Inductor returned {type(cg).__name__}, not a CompiledFxGraph")
+        if cap.cudagraphs:
+            raise Uncacheable("CUDA graphs are enabled (mode='reduce-overhead'); not reproducible from the wrapper")
         if inductor_config.cpp_wrapper:
             raise Uncacheable("inductor cpp_wrapper mode is not supported")
         if not cg.source_code:

@@ -156,8 +156,9 @@ def aot_runtime_wrap(
 ) -> Callable[..., Any]:
     """Fallback: rebuild AOTAutograd's real inference runtime wrapper around ``call``.
 
-    Used for graphs returning aliases of inputs or mutating input metadata, where
-    replaying AOTAutograd's epilogue ourselves would be a re-implementation.
+    Used for graphs returning aliases of inputs, aliases of intermediates that
+    need autograd, or input mutations AOTAutograd applies outside the graph,
+    where replaying its epilogue ourselves would be a re-implementation.
     Imports torch._dynamo (first: runtime_wrappers has a circular import on it).
     """
     import pickle
@@ -166,10 +167,10 @@ def aot_runtime_wrap(
     from torch._functorch._aot_autograd.runtime_wrappers import RuntimeWrapper
 
     meta = pickle.loads(runtime_metadata_blob)  # noqa: S301 - our own stored metadata
-    aot_config = types.SimpleNamespace(keep_inference_input_mutations=meta.keep_input_mutations)
-    wrapped = RuntimeWrapper(indices_of_inps_to_detach=[], trace_joint=False, disable_amp=disable_amp).post_compile(
-        _boxed(call), aot_config, runtime_metadata=meta
-    )  # type: ignore[arg-type]
+    # post_compile only reads keep_inference_input_mutations from the AOTConfig
+    aot_config: Any = types.SimpleNamespace(keep_inference_input_mutations=meta.keep_input_mutations)
+    runtime = RuntimeWrapper(indices_of_inps_to_detach=[], trace_joint=False, disable_amp=disable_amp)
+    wrapped = runtime.post_compile(_boxed(call), aot_config, runtime_metadata=meta)
 
     def run(*args: Any) -> Any:
         return wrapped(list(args))

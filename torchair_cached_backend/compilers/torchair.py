@@ -21,7 +21,8 @@ from __future__ import annotations
 import os
 import sys
 import types
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from ..logs import log, warn_once
 from ..torchair_config import config_mode, config_snapshot, is_aclgraph_mode
@@ -131,6 +132,44 @@ def _check_no_aot_runtime(graph: Any, example_inputs: list[Any], dynamo_inputs: 
     }
 
 
+def _aot_inference(
+    gm: Any, example_inputs: list[Any], config: Any, decompositions: dict[Any, Any],
+    base_compiler: Callable[..., Any], bw_compiler: Callable[..., Any],
+) -> Callable[..., Any]:
+    """torchair's cache-mode AOTAutograd route (``_compile_graph_with_aot(is_cache=True)``),
+    assembled from its helpers: stream/event rewrite (aclgraph), the forward compiler
+    wrapped for static-input and custom input attributes and debug phases."""
+    from torch._functorch.aot_autograd import aot_module_simplified
+    from torch._functorch.partitioners import default_partition
+    from torchair import npu_fx_compiler as nfc
+
+    if is_aclgraph_mode(config) and hasattr(nfc, "replace_stream_event_pass"):
+        try:
+            gm = nfc.replace_stream_event_pass(gm)
+        except AttributeError as exc:  # a torch_npu without streams/events: nothing to rewrite
+            if any("stream" in str(n.target).lower() or "event" in str(n.target).lower()
+                   for n in gm.graph.nodes if n.op in ("call_function", "call_method")):
+                raise
+            log.debug("npu_cached: skip torchair stream/event rewrite: %r", exc)
+    compiler = base_compiler
+    if hasattr(nfc, "_wrap_compiler"):
+        compiler = nfc._wrap_compiler(compiler, config, len(example_inputs), "forward")
+    if hasattr(nfc, "_get_inputs_custom_attr") and hasattr(nfc, "_set_inputs_custom_attr_to_compiler"):
+        compiler = nfc._set_inputs_custom_attr_to_compiler(compiler, nfc._get_inputs_custom_attr(example_inputs))
+    if hasattr(nfc, "wrap_compiler_phase"):
+        compiler = nfc.wrap_compiler_phase(compiler, "forward")
+    return aot_module_simplified(
+        gm,
+        example_inputs,
+        fw_compiler=compiler,
+        bw_compiler=bw_compiler,
+        inference_compiler=None,
+        partition_fn=default_partition,
+        keep_inference_input_mutations=True,
+        decompositions=decompositions,
+    )
+
+
 class TorchairCompiler:
     """Inner compiler ``torchair``: GE (max-autotune) or aclgraph codegen via torchair."""
 
@@ -153,7 +192,6 @@ class TorchairCompiler:
 
     # -------------------------------------------------------------- compile
     def compile(self, gm: torch.fx.GraphModule, example_inputs: list[Any], options: BackendOptions) -> CompileResult:
-        import torch
         import torchair
         from torchair import npu_fx_compiler as nfc
 
@@ -188,27 +226,30 @@ class TorchairCompiler:
             except _Uncacheable as exc:
                 state["reason"] = str(exc)
             state["src"] = src
-            module = _exec_source(src, SOURCE)
-            hook = getattr(module, "_update_ge_cache_dir", None)
-            if use_ge_cache and hook is not None:
-                hook(cold_ge_dir)
-            return module.kernel
+
+            def build_kernel() -> Callable[..., Any]:
+                module = _exec_source(src, SOURCE)
+                hook = getattr(module, "_update_ge_cache_dir", None)
+                if use_ge_cache and hook is not None:
+                    hook(cold_ge_dir)
+                return module.kernel
+
+            if not is_aclgraph_mode(config):
+                return build_kernel()
+            # aclgraph: as torchair's compiled graph, build the kernel at the first call
+            kernel: list[Callable[..., Any]] = []
+
+            def lazy_kernel(*args: Any) -> Any:
+                if not kernel:
+                    kernel.append(build_kernel())
+                return kernel[0](*args)
+
+            return lazy_kernel
 
         def bw_compiler(graph: Any, inputs: Any) -> Any:
             raise RuntimeError("npu_cached torchair: backward compilation is not supported (inference only)")
 
-        if hasattr(nfc, "_compile_graph_with_aot"):  # torchair's own cache-mode AOT route
-            fn = nfc._compile_graph_with_aot(
-                gm, codegen_compiler, example_inputs, config, decompositions, is_cache=True, bw_compiler=bw_compiler
-            )
-        else:  # older torchair: the same AOTAutograd call, without its input-attribute wrappers
-            from torch._functorch.aot_autograd import aot_module_simplified
-            from torch._functorch.partitioners import default_partition
-
-            fn = aot_module_simplified(
-                gm, example_inputs, fw_compiler=codegen_compiler, bw_compiler=bw_compiler,
-                partition_fn=default_partition, keep_inference_input_mutations=True, decompositions=decompositions,
-            )
+        fn = _aot_inference(gm, example_inputs, config, decompositions, codegen_compiler, bw_compiler)
         if "src" not in state:
             return CompileResult(fn, None, state.get("reason", "torchair produced no inference code"))
         if "reason" in state:

@@ -1,0 +1,278 @@
+"""The ``torchair`` inner compiler against the real torchair on CPU (harness + shim).
+
+Every torchair interaction runs in a fresh process (``run_script``); a "warm"
+process is a second fresh process over the same cache directory.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+
+import pytest
+
+from tests.torchair_harness.run import run_script
+
+pytestmark = pytest.mark.torchair
+
+TIMEOUT = 300
+
+MODEL = """
+import glob, json, os, sys, logging
+import torch, torchair
+import torchair_cached_backend as tcb
+from torchair_cached_backend.compilers import torchair as tc_mod
+
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.linear = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.linear(x).relu() + x
+
+    def prompt(self, x):
+        return self.linear(x).relu() + x
+
+model = Model()
+
+def result(**kw):
+    s = tcb.stats()
+    kw.update(hits=s.hits, misses=s.misses)
+    print(json.dumps(kw))
+"""
+
+
+def _last_json(stdout: str) -> dict:
+    lines = [line for line in stdout.splitlines() if line.startswith("{")]
+    assert lines, f"no JSON result line in stdout:\n{stdout}"
+    return json.loads(lines[-1])
+
+
+def _run(code: str, **kw) -> tuple[dict, str]:
+    proc = run_script(MODEL + code, timeout=TIMEOUT, shim=True, **kw)
+    return _last_json(proc.stdout), proc.stderr
+
+
+def _entries(cache: str) -> list[str]:
+    return sorted(glob.glob(os.path.join(cache, "graphs", "*", "files", "torchair_graph.py")))
+
+
+BACKEND_RUN = """
+opts = {{"compiler": "torchair", "cache_dir": {cache!r}}}
+opts.update({extra})
+compiled = torch.compile(model, backend="npu_cached", options=opts)
+with torch.no_grad():
+    out = compiled(torch.ones(2, 4))
+result(shape=list(out.shape))
+"""
+
+
+def test_cold_then_warm_hit(tmp_path):
+    cache = str(tmp_path / "cache")
+    cold, _ = _run(BACKEND_RUN.format(cache=cache, extra="{}"))
+    assert cold["misses"] == 1 and cold["hits"] == 0
+    assert cold["shape"] == [2, 4]
+    (entry,) = _entries(cache)
+    code = open(entry).read()
+    assert "GeGraph(serialized_model_def=" in code
+    assert 'local_compile_options["mode"] = "max-autotune"' in code
+    assert "ge.graph_compiler_cache_dir" not in code
+
+    warm, _ = _run(BACKEND_RUN.format(cache=cache, extra="{}"))
+    assert warm["hits"] >= 1 and warm["misses"] == 0
+    assert warm["shape"] == [2, 4]
+    assert _entries(cache) == [entry]
+
+
+def test_one_config_leaf_changes_the_key(tmp_path):
+    cache = str(tmp_path / "cache")
+    res, _ = _run(f"""
+from torchair_cached_backend.compilers import get_compiler
+from torchair_cached_backend.options import parse_options
+a, b = torchair.CompilerConfig(), torchair.CompilerConfig()
+b.experimental_config.frozen_parameter = True
+comp = get_compiler("torchair")
+fa = comp.hash_factors(parse_options({{"cache_dir": {cache!r}, "config": a}}))
+fb = comp.hash_factors(parse_options({{"cache_dir": {cache!r}, "config": b}}))
+fd = comp.hash_factors(parse_options({{"cache_dir": {cache!r}}}))
+for cfg in (a, b):
+    torch._dynamo.reset()
+    m = torch.compile(model, backend="npu_cached",
+                      options={{"compiler": "torchair", "cache_dir": {cache!r}, "config": cfg}})
+    with torch.no_grad():
+        m(torch.ones(2, 4))
+result(same=fa == fb, default_same=fa == fd)
+""")
+    assert not res["same"]
+    assert res["default_same"]  # None and a default CompilerConfig() hash alike
+    assert res["misses"] == 2
+    entries = _entries(cache)
+    assert len(entries) == 2
+    texts = [open(e).read() for e in entries]
+    assert sum('local_compile_options["frozen_parameter"] = "1"' in t for t in texts) == 1
+
+
+GE_CACHE_RUN = """
+seen = []
+orig_exec, orig_load = tc_mod._exec_source, tc_mod.TorchairCompiler.load
+def spy_exec(src, name):
+    mod = orig_exec(src, name)
+    seen.append(mod)
+    return mod
+tc_mod._exec_source = spy_exec
+opts = {{"compiler": "torchair", "cache_dir": {cache!r}, "ge_cache": True}}
+compiled = torch.compile(model, backend="npu_cached", options=opts)
+with torch.no_grad():
+    out = compiled(torch.ones(2, 4))
+result(shape=list(out.shape),
+       ge_dirs=[m.local_compile_options.get("ge.graph_compiler_cache_dir") for m in seen])
+"""
+
+
+def test_ge_cache_dir_points_into_the_entry(tmp_path):
+    cache = str(tmp_path / "cache")
+    cold, _ = _run(GE_CACHE_RUN.format(cache=cache))
+    assert cold["misses"] == 1
+    (entry,) = _entries(cache)
+    files_dir = os.path.dirname(entry)
+    code = open(entry).read()
+    # the stored code carries a placeholder, never this machine's path
+    assert 'local_compile_options["ge.graph_compiler_cache_dir"] = "<npu_cached:ge_cache_dir>"' in code
+    assert "def _update_ge_cache_dir(path):" in code
+    assert str(tmp_path) not in code
+    # the cold process already points GE at the entry it is about to publish
+    assert cold["ge_dirs"] == [os.path.join(files_dir, "ge_cache")]
+
+    warm, _ = _run(GE_CACHE_RUN.format(cache=cache))
+    assert warm["hits"] >= 1 and warm["misses"] == 0
+    assert warm["ge_dirs"] == [os.path.join(files_dir, "ge_cache")]
+
+
+def test_reduce_overhead_codegen_and_ge_cache_warning(tmp_path):
+    cache = str(tmp_path / "cache")
+    proc = run_script(
+        MODEL
+        + f"""
+cfg = torchair.CompilerConfig()
+cfg.mode = "reduce-overhead"
+cfg.experimental_config.pattern_fusion_pass = False
+compiled = torch.compile(model, backend="npu_cached",
+                         options={{"compiler": "torchair", "cache_dir": {cache!r}, "config": cfg, "ge_cache": True}})
+error = None
+try:
+    with torch.no_grad():
+        compiled(torch.ones(2, 4))
+except Exception as exc:  # the fake torch_npu can generate aclgraph code, not run it
+    error = repr(exc)
+result(error=error)
+""",
+        timeout=TIMEOUT,
+        shim=True,
+        fake_torch_npu=True,
+    )
+    res = _last_json(proc.stdout)
+    assert res["misses"] == 1
+    (entry,) = _entries(cache)
+    code = open(entry).read()
+    assert "AclGraph(fx_forward=forward" in code
+    assert "GeGraph(" not in code
+    assert "ge.graph_compiler_cache_dir" not in code
+    assert "ge_cache=True has no effect in aclgraph mode reduce-overhead" in proc.stderr
+    manifest = json.load(open(os.path.join(os.path.dirname(os.path.dirname(entry)), "manifest.json")))
+    assert manifest["meta"]["mode"] == "reduce-overhead" and manifest["meta"]["ge_cache"] is False
+
+
+def test_rng_graph_is_rejected(tmp_path):
+    res, _ = _run(f"""
+def f(x):
+    return (x + torch.randn(2, 4),)
+compiled = torch.compile(f, backend="npu_cached", options={{"compiler": "torchair", "cache_dir": {str(tmp_path)!r}}})
+try:
+    with torch.no_grad():
+        compiled(torch.ones(2, 4))
+    err = None
+except Exception as exc:
+    err = str(exc)
+result(err=err)
+""")
+    assert res["err"] and "Cache compile does not support operator that depend on RNG" in res["err"]
+    assert _entries(str(tmp_path)) == []
+
+
+TORCHAIR_CC = """
+from torchair.inference._cache_compiler import CompiledModel, ModelCacheSaver
+cached = torchair.inference.cache_compile(model.prompt, cache_dir={cache!r})
+cache_bin = CompiledModel.get_cache_bin(model.prompt, cache_dir={cache!r})
+if {warm!r}:
+    def must_not_compile(*a, **k):
+        raise AssertionError("torchair cache miss")
+    ModelCacheSaver.__call__ = must_not_compile
+with torch.no_grad():
+    out = cached(torch.ones(3, 4))
+code = CompiledModel.load(cache_bin).compiled_fx.py_code
+result(cache_bin=cache_bin, shape=list(out.shape), code=code)
+"""
+
+OURS_CC = """
+cached = tcb.cache_compile(model.prompt, cache_dir={cache!r}, compiler="torchair")
+with torch.no_grad():
+    out = cached(torch.ones(3, 4))
+result(path=cached.cache_path, shape=list(out.shape))
+"""
+
+
+def _ge_lines(code: str) -> dict[str, str]:
+    serialized = re.search(r"^serialized_graph = (b.*)$", code, re.M)
+    assert serialized, code[:2000]
+    return {
+        "serialized": serialized.group(1),
+        "geg": [line for line in code.splitlines() if "GeGraph(serialized_model_def=" in line],
+        "mode": [line for line in code.splitlines() if line.startswith('local_compile_options["mode"]')],
+    }
+
+
+def test_parity_with_torchair_cache_compile(tmp_path):
+    theirs_dir, ours_dir = str(tmp_path / "torchair"), str(tmp_path / "ours")
+    t_cold, _ = _run(TORCHAIR_CC.format(cache=theirs_dir, warm=False))
+    o_cold, _ = _run(OURS_CC.format(cache=ours_dir))
+    assert t_cold["shape"] == o_cold["shape"] == [3, 4]
+
+    # torchair: <root>/Model_dynamic_<md5>/prompt/compiled_module
+    assert re.fullmatch(
+        re.escape(os.path.realpath(theirs_dir)) + r"/Model_dynamic_[0-9a-f]{32}/prompt/compiled_module",
+        t_cold["cache_bin"],
+    ), t_cold["cache_bin"]
+    assert os.path.isfile(t_cold["cache_bin"])
+    # ours: <root>/Model_dynamic_<md5>/prompt/
+    assert re.fullmatch(re.escape(ours_dir) + r"/Model_dynamic_[0-9a-f]{32}/prompt", o_cold["path"]), o_cold["path"]
+    assert o_cold["misses"] == 1
+    (entry,) = _entries(o_cold["path"])
+
+    t_warm, _ = _run(TORCHAIR_CC.format(cache=theirs_dir, warm=True))
+    o_warm, _ = _run(OURS_CC.format(cache=ours_dir))
+    assert t_warm["shape"] == o_warm["shape"] == [3, 4]
+    assert o_warm["hits"] >= 1 and o_warm["misses"] == 0
+
+    theirs, ours = _ge_lines(t_cold["code"]), _ge_lines(open(entry).read())
+    assert theirs["geg"] and ours["geg"] == theirs["geg"]
+    assert theirs["mode"] == ours["mode"] == ['local_compile_options["mode"] = "max-autotune"']
+    # same GE graph: protobuf map fields serialize in no fixed order, so compare parsed ModelDefs
+    (tmp_path / "theirs.txt").write_text(theirs["serialized"])
+    (tmp_path / "ours.txt").write_text(ours["serialized"])
+    proc = run_script(
+        f"""
+import ast, json
+from torchair._ge_concrete_graph.ge_ir_pb2 import ModelDef
+a, b = (ModelDef.FromString(ast.literal_eval(open(p).read())) for p in ({str(tmp_path / "theirs.txt")!r},
+                                                                     {str(tmp_path / "ours.txt")!r}))
+print(json.dumps({{"equal": a == b, "ops": len(a.graph[0].op)}}))
+""",
+        timeout=TIMEOUT,
+    )
+    parsed = _last_json(proc.stdout)
+    assert parsed["ops"] > 0
+    assert parsed["equal"]
