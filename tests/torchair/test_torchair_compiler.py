@@ -41,7 +41,7 @@ model = Model()
 
 def result(**kw):
     s = tcb.stats()
-    kw.update(hits=s.hits, misses=s.misses)
+    kw.update(hits=s.hits, misses=s.misses, bypass_loads=s.bypass_loads, dynamo="torch._dynamo" in sys.modules)
     print(json.dumps(kw))
 """
 
@@ -256,6 +256,7 @@ def test_parity_with_torchair_cache_compile(tmp_path):
     o_warm, _ = _run(OURS_CC.format(cache=ours_dir))
     assert t_warm["shape"] == o_warm["shape"] == [3, 4]
     assert o_warm["hits"] >= 1 and o_warm["misses"] == 0
+    assert o_warm["bypass_loads"] == 1  # ours replays the saved bytecode: no Dynamo tracing at warm start
 
     theirs, ours = _ge_lines(t_cold["code"]), _ge_lines(open(entry).read())
     assert theirs["geg"] and ours["geg"] == theirs["geg"]

@@ -234,7 +234,8 @@ def _add_frame(
     fid = builder.new_frame_id()
     blob = f"{fid}.code"
     builder.files[blob] = code_codec.dumps_code(out_code)
-    for item in describe_traced(list(getattr(output, "traced_code", []) or []) + [code]):
+    traced = list(getattr(output, "traced_code", []) or []) + [code]
+    for item in describe_traced(traced, code.co_filename, scope.get("__name__")):
         builder.traced.setdefault(f"{item['file']}:{item['qualname']}", item)
     descs: dict[str, Any] = {}
     for name in names:

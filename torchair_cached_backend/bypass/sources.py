@@ -45,8 +45,14 @@ def _module_for_file(filename: str) -> str | None:
     return None
 
 
-def describe_traced(codes: list[types.CodeType]) -> list[dict[str, Any]]:
-    """Fingerprints of the user code objects among ``codes`` (deduplicated)."""
+def describe_traced(
+    codes: list[types.CodeType], root_file: str | None = None, root_module: str | None = None
+) -> list[dict[str, Any]]:
+    """Fingerprints of the user code objects among ``codes`` (deduplicated).
+
+    Code in the root frame's own file belongs to the root frame's module, even
+    when that module's ``__file__`` is not the file (a script exec'd in ``__main__``).
+    """
     seen: set[int] = set()
     out = []
     for code in codes:
@@ -56,7 +62,9 @@ def describe_traced(codes: list[types.CodeType]) -> list[dict[str, Any]]:
         out.append(
             {
                 "file": code.co_filename,
-                "module": _module_for_file(code.co_filename),
+                "module": root_module
+                if root_module is not None and code.co_filename == root_file
+                else _module_for_file(code.co_filename),
                 "qualname": getattr(code, "co_qualname", code.co_name),
                 "fingerprint": code_fingerprint(code),
             }
