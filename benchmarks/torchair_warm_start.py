@@ -71,8 +71,8 @@ with torch.no_grad():
 first = time.perf_counter() - t0
 stats = None
 if "torchair_cached_backend" in sys.modules:
-    import dataclasses, torchair_cached_backend as tcb
-    stats = dataclasses.asdict(tcb.stats())
+    import torchair_cached_backend as tcb
+    stats = tcb.stats().as_dict()
 print(json.dumps({"first_call_s": first, "import_s": t_imported - t_start, "shape": list(out.shape),
                   "dynamo_imported": "torch._dynamo" in sys.modules, "stats": stats}))
 """
@@ -80,7 +80,9 @@ print(json.dumps({"first_call_s": first, "import_s": t_imported - t_start, "shap
 
 def run_side(side: str, cache: str, layers: int) -> dict:
     t0 = time.perf_counter()
-    proc = run_script(MODEL.format(cache=cache, layers=layers) + SIDES[side] + MEASURE, timeout=600, shim=True)
+    # an installed package has .pyc files: let both sides use them (None removes the variable)
+    env = {"PYTHONDONTWRITEBYTECODE": None}
+    proc = run_script(MODEL.format(cache=cache, layers=layers) + SIDES[side] + MEASURE, timeout=600, shim=True, env=env)
     result = json.loads([line for line in proc.stdout.splitlines() if line.startswith("{")][-1])
     result["process_s"] = time.perf_counter() - t0
     return result

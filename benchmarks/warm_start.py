@@ -60,9 +60,8 @@ def _counters() -> dict:
     found: dict = {}
     tcb = sys.modules.get("torchair_cached_backend")
     if tcb is not None:
-        import dataclasses
 
-        found["tcb_stats"] = dataclasses.asdict(tcb.stats())
+        found["tcb_stats"] = tcb.stats().as_dict()
     utils = sys.modules.get("torch._dynamo.utils")
     if utils is not None:
         groups = ("frames", "stats", "aot_autograd", "inductor")

@@ -44,7 +44,7 @@ def same(a, b) -> bool:
 
 
 def stats() -> dict:
-    return dataclasses.asdict(tcb.stats())
+    return tcb.stats().as_dict()
 
 
 def programs(path: str) -> list[str]:

@@ -11,14 +11,25 @@ import functools
 import os
 import platform
 import sys
-from importlib import metadata
 
 
 def _dist_version(name: str) -> str | None:
+    from importlib import metadata  # ~3 ms to import: only when a package is really there
+
     try:
         return metadata.version(name)
     except metadata.PackageNotFoundError:
         return None
+
+
+def _installed(module: str) -> bool:
+    """Cheap presence test (a path-finder lookup); metadata scans cost milliseconds."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 @functools.cache
@@ -33,6 +44,8 @@ def torch_npu_version() -> str | None:
     mod = sys.modules.get("torch_npu")
     if mod is not None and getattr(mod, "__version__", None):
         return str(mod.__version__)
+    if mod is None and not _installed("torch_npu"):
+        return None
     return _dist_version("torch-npu") or _dist_version("torch_npu")
 
 
@@ -42,6 +55,8 @@ def torchair_version() -> str | None:
     mod = sys.modules.get("torchair")
     if mod is not None and getattr(mod, "__version__", None):
         return str(mod.__version__)
+    if mod is None and not _installed("torchair"):
+        return torch_npu_version()
     return _dist_version("torchair") or torch_npu_version()
 
 
@@ -98,7 +113,7 @@ def torchair_importable() -> bool:
 @functools.cache
 def npu_available() -> bool:
     """True only where torch_npu imports *and* reports a device."""
-    if _dist_version("torch-npu") is None and "torch_npu" not in sys.modules:
+    if "torch_npu" not in sys.modules and not _installed("torch_npu"):
         return False
     try:
         import torch

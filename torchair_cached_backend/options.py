@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from typing import Any
 
@@ -15,25 +14,55 @@ class OptionError(ValueError):
     """A bad ``options`` key or value; the message names the fix."""
 
 
-@dataclasses.dataclass
 class BackendOptions:
     """Validated options of one ``npu_cached`` backend instance.
 
     ``cache_dir`` is always absolute once parsed, so a later ``chdir`` does not
-    move the cache.
+    move the cache. (A plain class, not a dataclass: it is imported on the warm
+    path, where a dataclass's generated methods cost ~0.5 ms.)
     """
 
-    cache_dir: str
-    compiler: str = "auto"
-    config: Any = None  # torchair CompilerConfig or None
-    ge_cache: bool = False
-    custom_decompositions: dict[Any, Any] | None = None
-    global_rank: int | None = None
-    tp_rank: int | None = None
-    pp_rank: int | None = None
-    check_inputs: bool = True
-    dynamic: bool | None = None
-    reject_rng: bool = False
+    __slots__ = (
+        "cache_dir", "compiler", "config", "ge_cache", "custom_decompositions", "global_rank",
+        "tp_rank", "pp_rank", "check_inputs", "dynamic", "reject_rng",
+    )
+
+    def __init__(
+        self,
+        cache_dir: str,
+        compiler: str = "auto",
+        config: Any = None,  # torchair CompilerConfig or None
+        ge_cache: bool = False,
+        custom_decompositions: dict[Any, Any] | None = None,
+        global_rank: int | None = None,
+        tp_rank: int | None = None,
+        pp_rank: int | None = None,
+        check_inputs: bool = True,
+        dynamic: bool | None = None,
+        reject_rng: bool = False,
+    ) -> None:
+        self.cache_dir = cache_dir
+        self.compiler = compiler
+        self.config = config
+        self.ge_cache = ge_cache
+        self.custom_decompositions = custom_decompositions
+        self.global_rank = global_rank
+        self.tp_rank = tp_rank
+        self.pp_rank = pp_rank
+        self.check_inputs = check_inputs
+        self.dynamic = dynamic
+        self.reject_rng = reject_rng
+
+    def as_dict(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.__slots__}
+
+    def __repr__(self) -> str:
+        return "BackendOptions(" + ", ".join(f"{k}={v!r}" for k, v in self.as_dict().items()) + ")"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, BackendOptions) and self.as_dict() == other.as_dict()
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, like the dataclass it replaces
 
     def resolved_compiler(self) -> str:
         """The inner compiler actually used (``auto`` resolved)."""

@@ -2,21 +2,34 @@
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 
 
-@dataclasses.dataclass
 class CacheStats:
-    """Counts and seconds since process start (or the last :func:`reset_stats`)."""
+    """Counts and seconds since process start (or the last :func:`reset_stats`).
 
-    hits: int = 0
-    misses: int = 0
-    uncached: int = 0  # graphs compiled without the cache (autograd, unsupported)
-    quarantined: int = 0  # broken entries set aside
-    load_seconds: float = 0.0
-    compile_seconds: float = 0.0
-    bypass_loads: int = 0  # functions warm-started by the guard-bypass loader
+    hits / misses: graph entries loaded / compiled; uncached: graphs compiled
+    without the cache (autograd, not cacheable); quarantined: broken entries set
+    aside; bypass_loads: functions warm-started by the guard-bypass loader.
+    (A plain class: it is imported with the package, on the warm path.)
+    """
+
+    __slots__ = ("hits", "misses", "uncached", "quarantined", "load_seconds", "compile_seconds", "bypass_loads")
+
+    def __init__(self, **values: float) -> None:
+        for name in self.__slots__:
+            setattr(self, name, values.pop(name, 0.0 if name.endswith("seconds") else 0))
+        if values:
+            raise TypeError(f"unknown CacheStats fields {sorted(values)}")
+
+    def as_dict(self) -> dict[str, float]:
+        return {name: getattr(self, name) for name in self.__slots__}
+
+    def __repr__(self) -> str:
+        return "CacheStats(" + ", ".join(f"{k}={v!r}" for k, v in self.as_dict().items()) + ")"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, CacheStats) and self.as_dict() == other.as_dict()
 
 
 _lock = threading.Lock()
@@ -32,7 +45,7 @@ def record(**deltas: float) -> None:
 def stats() -> CacheStats:
     """A snapshot of the counters."""
     with _lock:
-        return dataclasses.replace(_stats)
+        return CacheStats(**_stats.as_dict())
 
 
 def reset_stats() -> None:

@@ -9,7 +9,6 @@ moved to ``quarantine/`` (never deleted, never run) and reported once.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import hashlib
 import json
 import os
@@ -39,12 +38,16 @@ class BrokenEntry(Exception):
     """An entry failed verification; the message says which check."""
 
 
-@dataclasses.dataclass
 class Entry:
-    key: str
-    path: str
-    manifest: dict[str, Any]
-    files: dict[str, bytes]
+    """A verified entry: its manifest and blobs (a plain class: this is the warm path)."""
+
+    __slots__ = ("key", "path", "manifest", "files")
+
+    def __init__(self, key: str, path: str, manifest: dict[str, Any], files: dict[str, bytes]) -> None:
+        self.key = key
+        self.path = path
+        self.manifest = manifest
+        self.files = files
 
     @property
     def files_dir(self) -> str:

@@ -25,7 +25,6 @@ import importlib
 import importlib.util
 import json
 import marshal
-import secrets
 import struct
 import sys
 import types
@@ -658,6 +657,8 @@ def _fresh_token(code: types.CodeType) -> bytes:
     taken: set[bytes] = set()
     _leaf_bytes(code, taken)
     while True:
+        import secrets  # capture side only: keep it off the warm path
+
         token = secrets.token_bytes(_TOKEN_BYTES)
         if token not in taken:
             return token

@@ -6,7 +6,6 @@ JSON metadata an inner compiler hands it, and gives them back on a hit.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -16,22 +15,29 @@ if TYPE_CHECKING:  # keep torch.fx out of import time
     from ..options import BackendOptions
 
 
-@dataclasses.dataclass
+# Plain slotted classes, not dataclasses: these modules are on the warm path, and
+# each @dataclass costs ~0.5 ms at import (it execs generated methods).
 class Artifact:
     """What an inner compiler stores for one graph.
 
     ``files`` are opaque blobs (name -> bytes), checksummed by the store.
     ``meta`` must be JSON-serializable; it is written into the manifest.
+    ``root`` is set by the store on load: the directory holding ``files`` on
+    disk, already verified against their checksums (a compiler may dlopen/exec
+    them in place).
     """
 
-    files: dict[str, bytes]
-    meta: dict[str, Any] = dataclasses.field(default_factory=dict)
-    #: set by the store on load: the directory holding ``files`` on disk, already
-    #: verified against their checksums (a compiler may dlopen/exec them in place)
-    root: str | None = None
+    __slots__ = ("files", "meta", "root")
+
+    def __init__(self, files: dict[str, bytes], meta: dict[str, Any] | None = None, root: str | None = None) -> None:
+        self.files = files
+        self.meta = {} if meta is None else meta
+        self.root = root
+
+    def __repr__(self) -> str:
+        return f"Artifact(files={sorted(self.files)}, meta_keys={sorted(self.meta)}, root={self.root!r})"
 
 
-@dataclasses.dataclass
 class CompileResult:
     """``fn`` serves the cold process; ``artifact`` is what a warm process loads.
 
@@ -39,9 +45,15 @@ class CompileResult:
     ``reason`` then says why, for the log.
     """
 
-    fn: Callable[..., Any]
-    artifact: Artifact | None
-    reason: str = ""
+    __slots__ = ("fn", "artifact", "reason")
+
+    def __init__(self, fn: Callable[..., Any], artifact: Artifact | None, reason: str = "") -> None:
+        self.fn = fn
+        self.artifact = artifact
+        self.reason = reason
+
+    def __repr__(self) -> str:
+        return f"CompileResult(fn={self.fn!r}, artifact={self.artifact!r}, reason={self.reason!r})"
 
 
 class InnerCompiler(Protocol):

@@ -14,6 +14,7 @@ import types
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from . import pycode
 from .base import Artifact, CompileResult
 
 if TYPE_CHECKING:
@@ -103,6 +104,7 @@ class EagerCompiler:
                     return CompileResult(gm.forward, None, f"graph attribute {node.target!r} is not a tensor")
                 constants[str(node.target)] = value.detach()
         files = {SOURCE: code.src.encode()}
+        pycode.precompile(files, SOURCE, f"<npu_cached eager graph {SOURCE}>")
         if constants:
             buf = io.BytesIO()
             torch.save(constants, buf)
@@ -113,7 +115,7 @@ class EagerCompiler:
         namespace: dict[str, Any] = dict(_PLAIN_GLOBALS)
         for name, ref in artifact.meta.get("globals", {}).items():
             namespace[name] = resolve_reference(ref)
-        exec(compile(artifact.files[SOURCE].decode(), f"<npu_cached eager graph {SOURCE}>", "exec"), namespace)
+        exec(pycode.load_code(artifact.files, SOURCE, f"<npu_cached eager graph {SOURCE}>"), namespace)
         forward = namespace["forward"]
         holder = _Holder()
         if CONSTANTS in artifact.files:

@@ -33,12 +33,12 @@ import shutil
 import sys
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from . import inductor_runtime as rt
+from . import pycode
 from .base import Artifact, CompileResult
 
 if TYPE_CHECKING:
@@ -81,24 +81,32 @@ class Uncacheable(Exception):
     """The graph compiled fine but cannot be stored faithfully; message says why."""
 
 
-@dataclass
 class _Capture:
     """What our ``inner_compile`` hook saw for one Inductor compile."""
 
-    output: Any
-    fw_metadata: Any
-    is_inference: bool
-    num_inputs: int
-    fakify_first_call: bool
-    cudagraphs: bool
+    __slots__ = ("output", "fw_metadata", "is_inference", "num_inputs", "fakify_first_call", "cudagraphs")
+
+    def __init__(
+        self, output: Any, fw_metadata: Any, is_inference: bool, num_inputs: int, fakify_first_call: bool, cudagraphs: bool
+    ) -> None:
+        self.output = output
+        self.fw_metadata = fw_metadata
+        self.is_inference = is_inference
+        self.num_inputs = num_inputs
+        self.fakify_first_call = fakify_first_call
+        self.cudagraphs = cudagraphs
 
 
-@dataclass
 class _Rewritten:
-    source: str
-    kernels: list[str] = field(default_factory=list)
-    externs: set[str] = field(default_factory=set)
-    inductor_imports: list[str] = field(default_factory=list)
+    """The rewritten wrapper source and what it refers to."""
+
+    __slots__ = ("source", "kernels", "externs", "inductor_imports")
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.kernels: list[str] = []
+        self.externs: set[str] = set()
+        self.inductor_imports: list[str] = []
 
 
 class InductorCompiler:
@@ -214,6 +222,7 @@ class InductorCompiler:
         plan = _runtime_plan(cap, example_inputs, disable_amp)
 
         files: dict[str, bytes] = {WRAPPER_FILE: rewritten.source.encode()}
+        pycode.precompile(files, WRAPPER_FILE, WRAPPER_FILE)
         module_globals = _wrapper_globals(cg)
         kernels: dict[str, list[str]] = {}
         for kname in rewritten.kernels:
@@ -287,12 +296,16 @@ class InductorCompiler:
 
 def _load_from(root: str, meta: dict[str, Any]) -> Callable[..., Any]:
     wrapper_path = os.path.join(root, WRAPPER_FILE)
-    with open(wrapper_path, encoding="utf-8") as f:
-        source = f.read()
+    files = {}
+    for name in (WRAPPER_FILE, WRAPPER_FILE + pycode.SUFFIX):
+        if os.path.exists(os.path.join(root, name)):
+            with open(os.path.join(root, name), "rb") as f:
+                files[name] = f.read()
+    code = pycode.load_code(files, WRAPPER_FILE, wrapper_path)
     namespace: dict[str, Any] = dict(rt.SHIMS)
     namespace["extern_kernels"] = rt.build_extern_namespace(meta["externs"], bool(meta["needs_inductor"]))
     namespace["_load_kernel"] = rt.kernel_loader(root, meta["kernels"])
-    module = rt.exec_wrapper(source, namespace, wrapper_path)
+    module = rt.exec_wrapper(code, namespace, wrapper_path)
     if meta.get("constants"):
         # after exec: the wrapper declares each constant as ``name = None`` (Inductor
         # also sets them as module attributes once the module has run)

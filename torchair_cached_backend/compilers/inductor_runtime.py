@@ -92,12 +92,12 @@ SHIMS: dict[str, Any] = {
 }
 
 
-def exec_wrapper(source: str, namespace: dict[str, Any], filename: str) -> types.ModuleType:
+def exec_wrapper(code: types.CodeType, namespace: dict[str, Any], filename: str) -> types.ModuleType:
     """Execute a rewritten wrapper as a module (so tracebacks point at ``filename``)."""
     module = types.ModuleType(f"_tcb_wrapper_{abs(hash(filename)):x}")
     module.__file__ = filename
     module.__dict__.update(namespace)
-    exec(compile(source, filename, "exec"), module.__dict__)  # noqa: S102 - our own stored code
+    exec(code, module.__dict__)  # noqa: S102 - our own stored code
     return module
 
 

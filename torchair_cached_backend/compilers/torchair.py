@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..logs import log, warn_once
 from ..torchair_config import config_mode, config_snapshot, is_aclgraph_mode
+from . import pycode
 from .base import Artifact, CompileResult
 
 if TYPE_CHECKING:
@@ -93,9 +94,9 @@ def _uses_ge_cache(options: BackendOptions, config: Any) -> bool:
     return config_mode(config) == "max-autotune"
 
 
-def _exec_source(src: str, name: str) -> types.ModuleType:
+def _exec_source(files: dict[str, bytes], name: str) -> types.ModuleType:
     module = types.ModuleType(name)
-    exec(compile(src, f"<npu_cached torchair graph {name}>", "exec"), module.__dict__)  # noqa: S102
+    exec(pycode.load_code(files, name, f"<npu_cached torchair graph {name}>"), module.__dict__)  # noqa: S102
     return module
 
 
@@ -228,7 +229,7 @@ class TorchairCompiler:
             state["src"] = src
 
             def build_kernel() -> Callable[..., Any]:
-                module = _exec_source(src, SOURCE)
+                module = _exec_source({SOURCE: src.encode()}, SOURCE)
                 hook = getattr(module, "_update_ge_cache_dir", None)
                 if use_ge_cache and hook is not None:
                     hook(cold_ge_dir)
@@ -262,7 +263,9 @@ class TorchairCompiler:
             "ge_cache_placeholder": GE_CACHE_PLACEHOLDER if use_ge_cache else None,
             "has_ge_cache_hook": "def _update_ge_cache_dir(" in state["src"],
         }
-        return CompileResult(fn, Artifact(files={SOURCE: state["src"].encode()}, meta=meta))
+        files = {SOURCE: state["src"].encode()}
+        pycode.precompile(files, SOURCE, f"<npu_cached torchair graph {SOURCE}>")
+        return CompileResult(fn, Artifact(files=files, meta=meta))
 
     @staticmethod
     def _cold_ge_cache_dir(gm: Any, example_inputs: list[Any], options: BackendOptions) -> str:
@@ -287,9 +290,8 @@ class TorchairCompiler:
         meta = artifact.meta
         if meta.get("format") != FORMAT:
             raise ValueError(f"artifact format {meta.get('format')!r} is not {FORMAT!r}")
-        src = artifact.files[SOURCE].decode()
         _install_deterministic_guard()
-        module = _exec_source(src, SOURCE)
+        module = _exec_source(artifact.files, SOURCE)
         if meta.get("ge_cache"):
             hook = getattr(module, "_update_ge_cache_dir", None)
             if hook is None:
