@@ -5,7 +5,10 @@ PY := $(VENV)/bin/python
 TORCH_PIN ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo test test-fast lint bench clean
+BENCH_MODELS ?= mlp,gpt,gpt16
+BENCH_REPEAT ?= 5
+
+.PHONY: venv demo test test-fast lint bench bench-smoke bench-torchair clean
 
 $(STAMP): setup.py pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,9 +31,16 @@ test-fast: $(STAMP)  ## without the real-torchair tests
 lint: $(STAMP)
 	$(PY) -m ruff check torchair_cached_backend tests benchmarks examples
 
-bench: $(STAMP)  ## warm-start and per-call benchmarks, JSON/markdown/PNG in benchmarks/results/
-	$(PY) benchmarks/warm_start.py --models mlp,gpt,gpt16 --repeat 5
+bench: $(STAMP)  ## warm start (one fresh process per measurement) + per-call cost -> benchmarks/results/
+	$(PY) benchmarks/warm_start.py --models $(BENCH_MODELS) --repeat $(BENCH_REPEAT)
 	$(PY) benchmarks/per_call.py
+
+bench-smoke: $(STAMP)  ## quick check of the benchmark scripts (~4 min)
+	$(PY) benchmarks/warm_start.py --models mlp --repeat 1 --out /tmp/tcb_bench/warm_start.json
+	$(PY) benchmarks/per_call.py --models mlp --rounds 5 --out /tmp/tcb_bench/per_call.json
+
+bench-torchair: $(STAMP)  ## ours vs torchair's own cache_compile, real torchair on CPU over CANN stubs
+	$(PY) benchmarks/torchair_warm_start.py --repeat $(BENCH_REPEAT)
 
 clean:
 	rm -rf build .torchair_cache benchmarks/results/*.json

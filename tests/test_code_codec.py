@@ -13,6 +13,7 @@ import json
 import marshal
 import math
 import os
+import secrets
 import struct
 import subprocess
 import sys
@@ -275,7 +276,7 @@ def test_nested_code_and_containers() -> None:
 def test_placeholder_lookalikes_survive(monkeypatch: pytest.MonkeyPatch) -> None:
     taken = b"A" * 16
     tokens = iter([taken, b"B" * 16])
-    monkeypatch.setattr(code_codec.secrets, "token_bytes", lambda n: next(tokens))
+    monkeypatch.setattr(secrets, "token_bytes", lambda n: next(tokens))  # the codec imports it lazily
     code = compile("x = 0", "<t>", "exec")
     code = code.replace(co_consts=(*code.co_consts, (taken, 0), (b"B", 0), torch.float32))
     data = dumps_code(code)

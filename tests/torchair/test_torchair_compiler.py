@@ -277,3 +277,85 @@ print(json.dumps({{"equal": a == b, "ops": len(a.graph[0].op)}}))
     parsed = _last_json(proc.stdout)
     assert parsed["ops"] > 0
     assert parsed["equal"]
+
+
+ADD_EXAMPLE = """
+from torch._decomp import get_decompositions, register_decomposition
+
+@register_decomposition(torch.ops.aten.add.default)
+def test_add_decomp(t1, t2):
+    return t1 + t2
+
+class AddModel(torch.nn.Module):
+    def __init__(self, cache_compile, **kw):
+        super().__init__()
+        self.cached = cache_compile(self.inner_forward, cache_dir={cache!r},
+                                    custom_decompositions=get_decompositions([torch.ops.aten.add.default]), **kw)
+
+    def inner_forward(self, t1, t2):
+        return torch.ops.aten.add(t1, t2)
+
+    def forward(self, t1, t2):
+        return self.cached(t1, t2)
+
+side = {side!r}
+if side == "torchair":
+    from torchair.inference._cache_compiler import CompiledModel, ModelCacheSaver
+    m = AddModel(torchair.inference.cache_compile)
+    if {warm!r}:
+        ModelCacheSaver.__call__ = lambda *a, **k: (_ for _ in ()).throw(AssertionError("torchair cache miss"))
+else:
+    m = AddModel(tcb.cache_compile, compiler="torchair")
+with torch.no_grad():
+    out = m(torch.ones(2, 3), torch.ones(2, 3))
+result(shape=list(out.shape), path=getattr(m.cached, "cache_path", None))
+"""
+
+
+def test_parity_reference_add_decomposition_example(tmp_path):
+    """The reference page's example runs through torchair's cache_compile and ours, cold then warm."""
+    for side in ("torchair", "ours"):
+        cache = str(tmp_path / side)
+        cold, _ = _run(ADD_EXAMPLE.format(cache=cache, side=side, warm=False))
+        warm, _ = _run(ADD_EXAMPLE.format(cache=cache, side=side, warm=True))
+        assert cold["shape"] == warm["shape"] == [2, 3]
+        if side == "ours":
+            assert cold["misses"] == 1 and warm["misses"] == 0
+            assert warm["bypass_loads"] == 1 and warm["hits"] == 1
+            assert re.search(r"/AddModel_dynamic_[0-9a-f]{32}/inner_forward$", warm["path"])
+        else:
+            assert glob.glob(os.path.join(cache, "AddModel_dynamic_*", "inner_forward", "compiled_module"))
+
+
+RNG_CC = """
+class RngModel(torch.nn.Module):
+    def __init__(self, cache_compile, **kw):
+        super().__init__()
+        self.cached = cache_compile(self.prompt, cache_dir={cache!r}, **kw)
+
+    def forward(self, x):
+        return self.cached(x)
+
+    def prompt(self, x):
+        return x + torch.randn(2, 4)
+
+if {side!r} == "torchair":
+    m = RngModel(torchair.inference.cache_compile)
+else:
+    m = RngModel(tcb.cache_compile, compiler="torchair")
+try:
+    with torch.no_grad():
+        m(torch.ones(2, 4))
+    err = None
+except Exception as exc:
+    err = str(exc)
+result(err=err)
+"""
+
+
+def test_parity_rng_error(tmp_path):
+    """Both refuse a graph with an RNG op at compile time, naming the problem."""
+    theirs, _ = _run(RNG_CC.format(cache=str(tmp_path / "t"), side="torchair"))
+    ours, _ = _run(RNG_CC.format(cache=str(tmp_path / "o"), side="ours"))
+    assert theirs["err"] and "RNG" in theirs["err"]
+    assert ours["err"] and "random number generator" in ours["err"] and "randn" in ours["err"]

@@ -72,7 +72,10 @@ class ProgramBuilder:
         return f"f{len(self.frames)}"
 
     def manifest(self) -> dict[str, Any]:
+        from ..environment import environment_factors
+
         return {
+            "versions": environment_factors(),
             "program": {
                 "function": self.identity,
                 "fingerprint": self.fingerprint,
