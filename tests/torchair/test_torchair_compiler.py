@@ -359,3 +359,38 @@ def test_parity_rng_error(tmp_path):
     ours, _ = _run(RNG_CC.format(cache=str(tmp_path / "o"), side="ours"))
     assert theirs["err"] and "RNG" in theirs["err"]
     assert ours["err"] and "random number generator" in ours["err"] and "randn" in ours["err"]
+
+
+def test_aclgraph_static_kernel_cache_options(tmp_path):
+    """npugraph_ex with static-shape kernels: torchair's static-kernel cache options reach codegen,
+    with the directory a placeholder (re-pointed into the entry on load), never a machine path."""
+    cache = str(tmp_path / "cache")
+    proc = run_script(
+        MODEL
+        + f"""
+cfg = torchair.CompilerConfig()
+cfg.mode = "npugraph_ex"
+cfg.experimental_config.pattern_fusion_pass = False
+cfg.experimental_config.aclgraph._aclnn_static_shape_kernel = True
+compiled = torch.compile(model, backend="npu_cached",
+                         options={{"compiler": "torchair", "cache_dir": {cache!r}, "config": cfg}})
+try:
+    with torch.no_grad():
+        compiled(torch.ones(2, 4))
+except Exception:  # the fake torch_npu can generate aclgraph code, not run it
+    pass
+result()
+""",
+        timeout=TIMEOUT,
+        shim=True,
+        fake_torch_npu=True,
+    )
+    res = _last_json(proc.stdout)
+    assert res["misses"] == 1
+    (entry,) = _entries(cache)
+    code = open(entry).read()
+    assert "_aclnn_static_shape_kernel.use_cache_compile" in code
+    assert "<npu_cached:static_kernel_dir>" in code and cache not in code
+    assert "def _update_static_kernel_cache_dir(" in code
+    manifest = json.load(open(os.path.join(os.path.dirname(os.path.dirname(entry)), "manifest.json")))
+    assert manifest["factors"]["compiler_factors"]["static_kernel_options"]["_aclnn_static_shape_kernel.deterministic"] == "0"

@@ -39,6 +39,9 @@ GE_CACHE_SUBDIR = "ge_cache"
 #: written into the stored code instead of a real path; replaced on load via the hook
 GE_CACHE_PLACEHOLDER = "<npu_cached:ge_cache_dir>"
 GE_CACHE_OPTION = "ge.graph_compiler_cache_dir"
+STATIC_KERNEL_SUBDIR = "static_kernels"
+STATIC_KERNEL_PLACEHOLDER = "<npu_cached:static_kernel_dir>"
+STATIC_KERNEL_PREFIX = "_aclnn_static_shape_kernel."
 FORMAT = "torchair-getcode-v1"
 
 
@@ -92,6 +95,45 @@ def _uses_ge_cache(options: BackendOptions, config: Any) -> bool:
         )
         return False
     return config_mode(config) == "max-autotune"
+
+
+def _cann_version_for_kernels() -> str:
+    try:
+        import torch_npu
+
+        return str(torch_npu.npu.utils.get_cann_version())
+    except Exception:
+        from ..environment import cann_version
+
+        return cann_version() or ""
+
+
+def _static_kernel_options(config: Any) -> dict[str, str]:
+    """The static-kernel cache options torchair passes in aclgraph modes (its codegen
+    uses them only when ``experimental_config.aclgraph._aclnn_static_shape_kernel``
+    is on); the directory is a placeholder re-pointed into our entry at load."""
+    import torch
+
+    if not is_aclgraph_mode(config):
+        return {}
+    return {
+        STATIC_KERNEL_PREFIX + "use_cache_compile": "1",
+        STATIC_KERNEL_PREFIX + "cann_version": _cann_version_for_kernels(),
+        STATIC_KERNEL_PREFIX + "compile_cache_dir": STATIC_KERNEL_PLACEHOLDER,
+        STATIC_KERNEL_PREFIX + "deterministic": "1" if torch.are_deterministic_algorithms_enabled() else "0",
+    }
+
+
+def _point_caches(module: types.ModuleType, files_dir: str | None, ge_cache: bool) -> None:
+    """Re-point the generated code's GE / static-kernel caches into our entry."""
+    if files_dir is None:
+        return
+    hook = getattr(module, "_update_ge_cache_dir", None)
+    if ge_cache and hook is not None:
+        hook(os.path.join(files_dir, GE_CACHE_SUBDIR))
+    static_hook = getattr(module, "_update_static_kernel_cache_dir", None)
+    if static_hook is not None:
+        static_hook(os.path.join(files_dir, STATIC_KERNEL_SUBDIR))
 
 
 def _exec_source(files: dict[str, bytes], name: str) -> types.ModuleType:
@@ -188,6 +230,9 @@ class TorchairCompiler:
             "mode": config_mode(config),
             "config": config_snapshot(config),
             "npu_deterministic_level": _deterministic_level(),
+            "static_kernel_options": {
+                k: v for k, v in _static_kernel_options(config).items() if not k.endswith("compile_cache_dir")
+            },
             "ge_cache": bool(options.ge_cache),
         }
 
@@ -198,8 +243,9 @@ class TorchairCompiler:
 
         config = _default_config(options)
         use_ge_cache = _uses_ge_cache(options, config)
-        cold_ge_dir = self._cold_ge_cache_dir(gm, example_inputs, options) if use_ge_cache else None
         extend_config = {GE_CACHE_OPTION: GE_CACHE_PLACEHOLDER} if use_ge_cache else {}
+        extend_config.update(_static_kernel_options(config))
+        cold_files_dir = self._cold_files_dir(gm, example_inputs, options) if extend_config else None
 
         _install_deterministic_guard()
         try:
@@ -230,9 +276,7 @@ class TorchairCompiler:
 
             def build_kernel() -> Callable[..., Any]:
                 module = _exec_source({SOURCE: src.encode()}, SOURCE)
-                hook = getattr(module, "_update_ge_cache_dir", None)
-                if use_ge_cache and hook is not None:
-                    hook(cold_ge_dir)
+                _point_caches(module, cold_files_dir, use_ge_cache)
                 return module.kernel
 
             if not is_aclgraph_mode(config):
@@ -268,9 +312,10 @@ class TorchairCompiler:
         return CompileResult(fn, Artifact(files=files, meta=meta))
 
     @staticmethod
-    def _cold_ge_cache_dir(gm: Any, example_inputs: list[Any], options: BackendOptions) -> str:
-        """Where the entry being compiled will live, so GE's first run already writes
-        its cache there (the backend publishes the entry before the first run)."""
+    def _cold_files_dir(gm: Any, example_inputs: list[Any], options: BackendOptions) -> str:
+        """Where the entry being compiled will live, so GE's (or the static kernels')
+        first run already writes its cache there (the backend publishes the entry
+        before the first run)."""
         import torch
 
         from .. import key as keys
@@ -278,7 +323,7 @@ class TorchairCompiler:
 
         try:
             key, _ = keys.compute_key(gm, example_inputs, TorchairCompiler(), options, torch.is_grad_enabled())
-            return os.path.join(graph_store(options).entry_path(key), "files", GE_CACHE_SUBDIR)
+            return os.path.join(graph_store(options).entry_path(key), "files")
         except Exception as exc:  # never fail a compile over where GE puts its cache
             log.debug("npu_cached: cannot compute the entry path for the GE cache: %r", exc)
             import tempfile
@@ -293,12 +338,11 @@ class TorchairCompiler:
         _install_deterministic_guard()
         module = _exec_source(artifact.files, SOURCE)
         if meta.get("ge_cache"):
-            hook = getattr(module, "_update_ge_cache_dir", None)
-            if hook is None:
+            if getattr(module, "_update_ge_cache_dir", None) is None:
                 raise ValueError("stored GE code has no _update_ge_cache_dir hook for its ge_cache dir")
             if artifact.root is None:
                 raise ValueError("artifact has no root directory to hold the GE cache")
-            hook(os.path.join(artifact.root, GE_CACHE_SUBDIR))
+        _point_caches(module, artifact.root, bool(meta.get("ge_cache")))
         kernel = module.kernel
         expected = int(meta["aot"]["num_inputs"])
 
