@@ -125,6 +125,25 @@ class DataclassOut(nn.Module):
         return Output(logits=h.softmax(-1), hidden=h)
 
 
+#: a module the staleness tests write to disk, then edit
+EDITABLE_SOURCE = '''
+import torch
+
+def helper(x):
+    return x * 2.0
+
+class Edited(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin = torch.nn.Linear(4, 4)
+        self.cached = None
+
+    def forward(self, x):
+        return helper(self.lin(x))
+'''
+
+
 def build(name: str):
     """(model, example input) with fixed seeds."""
     torch.manual_seed(0)

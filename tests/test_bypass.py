@@ -13,6 +13,7 @@ import os
 import textwrap
 
 import pytest
+from models import EDITABLE_SOURCE
 
 #: shared by every child process of this file
 PRELUDE = textwrap.dedent(
@@ -186,27 +187,12 @@ def test_static_entry_input_check_and_grad_mode(run, cache_dir):
 # staleness: edited source, changed parameters, corrupted blobs
 # ---------------------------------------------------------------------------
 
-EDITABLE = '''
-import torch
-
-def helper(x):
-    return x * 2.0
-
-class Edited(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        torch.manual_seed(0)
-        self.lin = torch.nn.Linear(4, 4)
-
-    def forward(self, x):
-        return helper(self.lin(x))
-'''
 
 
 def test_edited_helper_rebuilds(run, cache_dir, tmp_path):
     src = tmp_path / "src"
     src.mkdir()
-    (src / "editable_bp.py").write_text(EDITABLE)
+    (src / "editable_bp.py").write_text(EDITABLE_SOURCE)
     code = child(
         f"""
         sys.path.insert(0, {str(src)!r})
@@ -230,7 +216,7 @@ def test_edited_helper_rebuilds(run, cache_dir, tmp_path):
     cold = run(code, env=dict(env, PHASE="cold"))
     assert cold["ok"] and cold["stats"]["misses"] == 1 and cold["frames"] == 1
 
-    (src / "editable_bp.py").write_text(EDITABLE.replace("x * 2.0", "x * 3.0 + 1.0"))
+    (src / "editable_bp.py").write_text(EDITABLE_SOURCE.replace("x * 2.0", "x * 3.0 + 1.0"))
     warm = run(code, env=dict(env, PHASE="warm"))
     assert warm["miss"] and "helper" in warm["miss"] and "edited" in warm["miss"], warm["miss"]
     assert warm["ok"], "the warm process must run the edited helper"

@@ -15,6 +15,7 @@ import socket
 import textwrap
 
 import pytest
+from models import EDITABLE_SOURCE
 
 PRELUDE = textwrap.dedent(
     """
@@ -176,28 +177,12 @@ def test_static_recompile_invalidates_and_warm_input_checks(run, tmp_path):
 # staleness: edited source, changed parameter shapes
 # ---------------------------------------------------------------------------
 
-EDITABLE = '''
-import torch
-
-def helper(x):
-    return x * 2.0
-
-class Edited(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        torch.manual_seed(0)
-        self.lin = torch.nn.Linear(4, 4)
-        self.cached = None
-
-    def forward(self, x):
-        return helper(self.lin(x))
-'''
 
 
 def test_edited_forward_rebuilds(run, tmp_path):
     src = tmp_path / "src"
     src.mkdir()
-    (src / "editable_cc.py").write_text(EDITABLE)
+    (src / "editable_cc.py").write_text(EDITABLE_SOURCE)
     code = child(
         f"""
         sys.path.insert(0, {str(src)!r})
@@ -214,7 +199,7 @@ def test_edited_forward_rebuilds(run, tmp_path):
     cold = run(code, env=env)
     assert cold["ok"] and cold["frames"] == 1
 
-    (src / "editable_cc.py").write_text(EDITABLE.replace("return helper(self.lin(x))", "return helper(self.lin(x)) - 10.0"))
+    (src / "editable_cc.py").write_text(EDITABLE_SOURCE.replace("return helper(self.lin(x))", "return helper(self.lin(x)) - 10.0"))
     warm = run(code, env=env)
     assert warm["path"] == cold["path"]
     assert warm["ok"], "the warm process must run the edited forward"

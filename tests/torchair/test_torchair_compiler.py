@@ -152,37 +152,42 @@ def test_ge_cache_dir_points_into_the_entry(tmp_path):
     assert warm["ge_dirs"] == [os.path.join(files_dir, "ge_cache")]
 
 
-def test_reduce_overhead_codegen_and_ge_cache_warning(tmp_path):
-    cache = str(tmp_path / "cache")
+def _aclgraph_entry(cache: str, config_lines: str, extra_options: str = "") -> tuple[dict, str, str, dict]:
+    """Compile the model in an aclgraph mode with the fake torch_npu (which can generate
+    aclgraph code, not run it); return the result, the stored code, stderr, the manifest."""
     proc = run_script(
         MODEL
         + f"""
 cfg = torchair.CompilerConfig()
-cfg.mode = "reduce-overhead"
 cfg.experimental_config.pattern_fusion_pass = False
+{config_lines}
 compiled = torch.compile(model, backend="npu_cached",
-                         options={{"compiler": "torchair", "cache_dir": {cache!r}, "config": cfg, "ge_cache": True}})
-error = None
+                         options={{"compiler": "torchair", "cache_dir": {cache!r}, "config": cfg{extra_options}}})
 try:
     with torch.no_grad():
         compiled(torch.ones(2, 4))
-except Exception as exc:  # the fake torch_npu can generate aclgraph code, not run it
-    error = repr(exc)
-result(error=error)
+except Exception:
+    pass
+result()
 """,
         timeout=TIMEOUT,
         shim=True,
         fake_torch_npu=True,
     )
-    res = _last_json(proc.stdout)
-    assert res["misses"] == 1
     (entry,) = _entries(cache)
-    code = open(entry).read()
+    manifest = json.load(open(os.path.join(os.path.dirname(os.path.dirname(entry)), "manifest.json")))
+    return _last_json(proc.stdout), open(entry).read(), proc.stderr, manifest
+
+
+def test_reduce_overhead_codegen_and_ge_cache_warning(tmp_path):
+    res, code, stderr, manifest = _aclgraph_entry(
+        str(tmp_path / "cache"), 'cfg.mode = "reduce-overhead"', ', "ge_cache": True'
+    )
+    assert res["misses"] == 1
     assert "AclGraph(fx_forward=forward" in code
     assert "GeGraph(" not in code
     assert "ge.graph_compiler_cache_dir" not in code
-    assert "ge_cache=True has no effect in aclgraph mode reduce-overhead" in proc.stderr
-    manifest = json.load(open(os.path.join(os.path.dirname(os.path.dirname(entry)), "manifest.json")))
+    assert "ge_cache=True has no effect in aclgraph mode reduce-overhead" in stderr
     assert manifest["meta"]["mode"] == "reduce-overhead" and manifest["meta"]["ge_cache"] is False
 
 
@@ -365,32 +370,11 @@ def test_aclgraph_static_kernel_cache_options(tmp_path):
     """npugraph_ex with static-shape kernels: torchair's static-kernel cache options reach codegen,
     with the directory a placeholder (re-pointed into the entry on load), never a machine path."""
     cache = str(tmp_path / "cache")
-    proc = run_script(
-        MODEL
-        + f"""
-cfg = torchair.CompilerConfig()
-cfg.mode = "npugraph_ex"
-cfg.experimental_config.pattern_fusion_pass = False
-cfg.experimental_config.aclgraph._aclnn_static_shape_kernel = True
-compiled = torch.compile(model, backend="npu_cached",
-                         options={{"compiler": "torchair", "cache_dir": {cache!r}, "config": cfg}})
-try:
-    with torch.no_grad():
-        compiled(torch.ones(2, 4))
-except Exception:  # the fake torch_npu can generate aclgraph code, not run it
-    pass
-result()
-""",
-        timeout=TIMEOUT,
-        shim=True,
-        fake_torch_npu=True,
+    res, code, _, manifest = _aclgraph_entry(
+        cache, 'cfg.mode = "npugraph_ex"\ncfg.experimental_config.aclgraph._aclnn_static_shape_kernel = True'
     )
-    res = _last_json(proc.stdout)
     assert res["misses"] == 1
-    (entry,) = _entries(cache)
-    code = open(entry).read()
     assert "_aclnn_static_shape_kernel.use_cache_compile" in code
     assert "<npu_cached:static_kernel_dir>" in code and cache not in code
     assert "def _update_static_kernel_cache_dir(" in code
-    manifest = json.load(open(os.path.join(os.path.dirname(os.path.dirname(entry)), "manifest.json")))
     assert manifest["factors"]["compiler_factors"]["static_kernel_options"]["_aclnn_static_shape_kernel.deterministic"] == "0"
