@@ -107,6 +107,7 @@ class CacheCompiledFunction:
         self._dynamic = dynamic
         self._fn: Callable[..., Any] | None = None
         self._compiled = False
+        self._seen_generation = -1
         functools.update_wrapper(self, func)  # type: ignore[arg-type]
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -140,9 +141,17 @@ class CacheCompiledFunction:
         )
 
     def _check_recompile(self) -> None:
-        """The cache holds one compiled graph per function; a recompile invalidates it."""
+        """The cache holds one compiled graph per function; a recompile invalidates it.
+
+        Runs after every call of a compiled function, so it returns at once unless
+        Dynamo transformed a frame since the last check."""
+        from .bypass import capture
         from .bypass.capture import builders_for
         from .bypass.program import program_store
+
+        if capture.generation == self._seen_generation:
+            return
+        self._seen_generation = capture.generation
 
         code = getattr(self._func, "__code__", None) or self._func.__func__.__code__  # type: ignore[attr-defined]
         for builder in builders_for(code):

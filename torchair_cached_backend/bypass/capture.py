@@ -97,6 +97,10 @@ class ProgramBuilder:
             log.warning("npu_cached: could not save the replay program for %s: %s", self.identity["qualname"], exc)
 
 
+#: bumped on every frame Dynamo transforms, so callers can skip re-checking when nothing compiled
+generation = 0
+
+
 def builders_for(code: types.CodeType) -> list[ProgramBuilder]:
     """Programs this process built for ``code`` (used by cache_compile)."""
     qualname = getattr(code, "co_qualname", code.co_name)
@@ -163,6 +167,8 @@ def _take_pending(code: types.CodeType, cache_dir: str | None) -> list[tuple[Pro
 
 
 def _record(code: types.CodeType, out_code: types.CodeType) -> None:
+    global generation
+    generation += 1
     output, frame_locals = _find_compile_context(code)
     if output is None:
         return
