@@ -80,20 +80,19 @@ def compile_graph(gm: Any, example_inputs: list[Any], options: BackendOptions) -
 
     key, factors = keys.compute_key(gm, example_inputs, compiler, options, torch.is_grad_enabled())
     store = graph_store(options)
-    fn = _try_load(store, key, compiler, options)
+    fn = load_graph(store, key, compiler, options)
     if fn is None:
         with store.lock(key):
-            fn = _try_load(store, key, compiler, options)  # another process may have finished it
+            fn = load_graph(store, key, compiler, options)  # another process may have finished it
             if fn is None:
                 fn = _compile_and_store(store, key, factors, gm, example_inputs, compiler, options)
     return _announce(fn, options, gm)
 
 
-def _announce(graph: CachedGraph, options: BackendOptions, gm: Any = None) -> CachedGraph:
+def _announce(graph: CachedGraph, options: BackendOptions, gm: Any) -> CachedGraph:
     """Attach what the bypass capture needs and make sure it is listening."""
     graph.options = options
-    if gm is not None:
-        graph.input_dims = _input_dims(gm)
+    graph.input_dims = _input_dims(gm)
     from .bypass.capture import ensure_installed
 
     ensure_installed()
@@ -116,7 +115,8 @@ def _input_dims(gm: Any) -> dict[str, list[int | None]]:
     return dims
 
 
-def _try_load(store: Store, key: str, compiler: InnerCompiler, options: BackendOptions) -> CachedGraph | None:
+def load_graph(store: Store, key: str, compiler: InnerCompiler, options: BackendOptions) -> CachedGraph | None:
+    """The stored graph ``key`` loaded by ``compiler``, or None (missing or set aside as broken)."""
     t0 = time.perf_counter()
     entry = store.load(key)
     if entry is None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import types
 from typing import TYPE_CHECKING, Any
 
 from .environment import environment_factors
@@ -49,21 +48,17 @@ def qualified_name(obj: Any) -> str:
 def function_digest(fn: Any) -> str:
     """Digest of a Python callable's code (for decompositions, custom passes).
 
-    Uses bytecode and constants, not the source text, so it also works for
-    functions defined in a REPL; builtins and C functions digest by name.
+    The same fingerprint the bypass uses for traced sources (bytecode and
+    constants, not source text, so REPL functions work too); builtins and C
+    functions digest by name.
     """
     fn = getattr(fn, "__wrapped__", fn)
     code = getattr(fn, "__code__", None)
     if code is None:
         return qualified_name(fn)
-    return hashlib.sha256(_code_bytes(code)).hexdigest()
+    from .bypass.code_codec import code_fingerprint
 
-
-def _code_bytes(code: types.CodeType) -> bytes:
-    parts = [code.co_code, repr(code.co_names).encode(), repr(code.co_varnames).encode()]
-    for const in code.co_consts:
-        parts.append(_code_bytes(const) if isinstance(const, types.CodeType) else repr(const).encode())
-    return b"\0".join(parts)
+    return code_fingerprint(code)
 
 
 def _describe_value(value: Any) -> Any:

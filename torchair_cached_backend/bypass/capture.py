@@ -218,14 +218,13 @@ def _record(code: types.CodeType, out_code: types.CodeType) -> None:
 
     builder.identity["is_method"] = is_method
     builder.identity["varargs"] = bool(code.co_flags & (0x04 | 0x08))
+    skip = 1 if is_method else 0  # the replayed function gets ``self`` bound, not checked
     builder.variants.append(
         {
             "root": fid,
             "grad_enabled": torch.is_grad_enabled(),
-            "arg_names": arg_names[1:] if is_method else arg_names,
-            "signature": describe_args(
-                arg_names[1:] if is_method else arg_names, values[1:] if is_method else values, static_dims
-            ),
+            "arg_names": arg_names[skip:],
+            "signature": describe_args(arg_names[skip:], values[skip:], static_dims),
         }
     )
     builder.publish()

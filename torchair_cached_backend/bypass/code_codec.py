@@ -407,6 +407,11 @@ def encode_value(obj: object) -> Desc:
         return {"kind": "dict", "items": [[encode_value(k), encode_value(v)] for k, v in d.items()]}
     if t is types.CodeType:
         raise _refuse(obj, "code objects are not values", "serialize them with dumps_code")
+    if isinstance(obj, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+        op = typing.cast(Any, obj)
+        if isinstance(obj, torch._ops.OpOverload):
+            return {"kind": "op", "name": f"{op.namespace}::{op._opname}", "overload": op._overloadname}
+        return {"kind": "op", "name": op._qualified_op_name, "overload": None}
     if callable(obj):
         return _callable_desc(obj)
     raise _refuse(
@@ -520,6 +525,16 @@ def _dec_namedtuple(desc: Desc) -> tuple[Any, ...]:
     return typing.cast(tuple, cls._make([decode_value(d) for d in _get(desc, "fields", list)]))
 
 
+def _dec_op(desc: Desc) -> object:
+    """``torch.ops.<namespace>.<name>[.<overload>]``, found through torch's op registry."""
+    namespace, _, name = _get(desc, "name", str).partition("::")
+    op: Any = getattr(getattr(torch.ops, namespace), name)
+    overload = desc.get("overload")
+    if overload is not None:
+        op = getattr(op, _get(desc, "overload", str))
+    return op
+
+
 def _dec_module(desc: Desc) -> types.ModuleType:
     return _import(_get(desc, "name", str))
 
@@ -594,6 +609,7 @@ _DECODERS: dict[str, Callable[[Desc], object]] = {
         decode_value(_get(d, "step", dict)),
     ),
     "module": _dec_module,
+    "op": _dec_op,
     "module_dict": _dec_module_dict,
     "class": _dec_class,
     "enum": _dec_enum,

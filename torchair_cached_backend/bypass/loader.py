@@ -327,9 +327,9 @@ class _FrameBuilder:
         raise CacheMiss(f"unknown global kind {kind!r} in cached program (written by a newer version?)")
 
     def _graph(self, key: str, compiler_name: str) -> Callable[..., Any]:
-        from ..backend import _try_load
+        from ..backend import load_graph
 
-        graph = _try_load(self.graph_store, key, get_compiler(compiler_name), self.options)
+        graph = load_graph(self.graph_store, key, get_compiler(compiler_name), self.options)
         if graph is None:
             raise CacheMiss(f"graph {key[:12]} of the cached program is missing or broken")
         return graph.fn

@@ -7,13 +7,13 @@ is one ``exec`` of a few hundred lines, with nothing else imported.
 from __future__ import annotations
 
 import builtins
-import importlib
 import io
 import math
 import types
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from ..bypass import code_codec
 from . import pycode
 from .base import Artifact, CompileResult
 
@@ -24,45 +24,6 @@ if TYPE_CHECKING:
 
 SOURCE = "graph.py"
 CONSTANTS = "constants.pt"
-
-
-def global_reference(value: Any) -> dict[str, str] | None:
-    """How to find ``value`` again in a fresh process (module + qualname), or None."""
-    if isinstance(value, types.ModuleType):
-        return {"module": value.__name__, "qualname": ""}
-    module = getattr(value, "__module__", None)
-    qualname = getattr(value, "__qualname__", None) or getattr(value, "__name__", None)
-    if value is type(None):
-        return {"module": "builtins", "qualname": "type(None)"}
-    if module and qualname and "<locals>" not in qualname and "<lambda>" not in qualname:
-        try:
-            if resolve_reference({"module": module, "qualname": qualname}) is value:
-                return {"module": module, "qualname": qualname}
-        except Exception:
-            pass
-    # torch ops (OpOverload/OpOverloadPacket) print as torch.ops.<ns>.<name>[.<overload>]
-    text = str(value)
-    if text.startswith("aten.") or type(value).__name__ in ("OpOverload", "OpOverloadPacket"):
-        name = getattr(value, "_qualified_op_name", None) or text
-        ref = {"module": "torch", "qualname": "ops." + name.replace("::", ".")}
-        overload = getattr(value, "_overloadname", None)
-        if overload and not ref["qualname"].endswith("." + overload):
-            ref["qualname"] += "." + overload
-        try:
-            if resolve_reference(ref) is value:
-                return ref
-        except Exception:
-            return None
-    return None
-
-
-def resolve_reference(ref: dict[str, str]) -> Any:
-    if ref["module"] == "builtins" and ref["qualname"] == "type(None)":
-        return type(None)
-    obj: Any = importlib.import_module(ref["module"])
-    for part in filter(None, ref["qualname"].split(".")):
-        obj = getattr(obj, part)
-    return obj
 
 
 _PLAIN_GLOBALS = {"inf": math.inf, "nan": math.nan}
@@ -86,12 +47,10 @@ class EagerCompiler:
         for name, value in code.globals.items():
             if name in _PLAIN_GLOBALS or name in vars(builtins):
                 continue
-            ref = global_reference(value)
-            if ref is None:
-                return CompileResult(
-                    gm.forward, None, f"graph global {name}={value!r} cannot be found by name in a fresh process"
-                )
-            refs[name] = ref
+            try:  # the same safe codec the bytecode uses: by import name, never pickle
+                refs[name] = code_codec.encode_value(value)
+            except code_codec.CodecError as exc:
+                return CompileResult(gm.forward, None, f"graph global {name} cannot be found in a fresh process: {exc}")
         constants = {}
         for node in gm.graph.nodes:
             if node.op == "call_module":
@@ -114,7 +73,7 @@ class EagerCompiler:
     def load(self, artifact: Artifact, options: BackendOptions) -> Callable[..., Any]:
         namespace: dict[str, Any] = dict(_PLAIN_GLOBALS)
         for name, ref in artifact.meta.get("globals", {}).items():
-            namespace[name] = resolve_reference(ref)
+            namespace[name] = code_codec.decode_value(ref)
         exec(pycode.load_code(artifact.files, SOURCE, f"<npu_cached eager graph {SOURCE}>"), namespace)
         forward = namespace["forward"]
         holder = _Holder()
