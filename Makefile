@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 BENCH_MODELS ?= mlp,gpt,gpt16
 BENCH_REPEAT ?= 5
 
-.PHONY: venv demo test test-fast lint bench bench-smoke bench-torchair clean
+.PHONY: venv demo test test-fast lint bench bench-smoke bench-torchair bench-fleet bench-models clean
 
 $(STAMP): setup.py pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -41,6 +41,14 @@ bench-smoke: $(STAMP)  ## quick check of the benchmark scripts (~4 min)
 
 bench-torchair: $(STAMP)  ## ours vs torchair's own cache_compile, real torchair on CPU over CANN stubs
 	$(PY) benchmarks/torchair_warm_start.py --repeat $(BENCH_REPEAT)
+
+bench-fleet: $(STAMP)  ## bundle round trip and torchrun ranks sharing compiles (GPT, Inductor) -> benchmarks/results/
+	$(PY) benchmarks/bundle_roundtrip.py
+	$(PY) benchmarks/ranks.py
+
+bench-models: $(STAMP)  ## transformers families (replayed? first call vs eager) and KV-cache decode per token
+	$(PY) benchmarks/families.py
+	$(PY) benchmarks/decode.py
 
 clean:
 	rm -rf build .torchair_cache benchmarks/results/*.json

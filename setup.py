@@ -14,8 +14,12 @@ setup(
     # Dynamo bytecode hook and standalone Inductor APIs this package builds on.
     install_requires=["torch>=2.6,<2.15", "filelock>=3.12"],
     extras_require={
-        "test": ["pytest>=7", "pytest-timeout", "numpy", "protobuf", "pyyaml", "packaging", "ruff"],
+        # transformers: the real-model coverage suite (tiny random configs, never downloads);
+        # 4.57+ has the decorator-wrapped forwards and cache classes it exercises, 5.x works with torch 2.13
+        "test": ["pytest>=7", "pytest-timeout", "numpy", "protobuf", "pyyaml", "packaging", "ruff",
+                 "transformers>=4.57,<6"],
         "bench": ["matplotlib", "psutil"],
+        "progress": ["tqdm"],  # a progress bar for `torchair-cache prebuild` on a terminal (log lines without it)
     },
     entry_points={
         "torch_dynamo_backends": ["npu_cached = torchair_cached_backend.registry:npu_cached"],

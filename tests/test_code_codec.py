@@ -1,4 +1,4 @@
-"""Tests for ``bypass.code_codec`` on code objects Dynamo really emits.
+"""Tests for ``code_codec`` on code objects Dynamo really emits.
 
 Sample functions live at module level so their classes and globals resolve by
 ``module.qualname``; the cross-process test imports this file by name.
@@ -26,8 +26,8 @@ import pytest
 import torch
 from torch.nn.attention import SDPBackend
 
-from torchair_cached_backend.bypass import code_codec
-from torchair_cached_backend.bypass.code_codec import (
+from torchair_cached_backend import code_codec
+from torchair_cached_backend.code_codec import (
     CodecError,
     code_fingerprint,
     decode_value,
@@ -358,11 +358,25 @@ def test_module_dict_round_trip() -> None:
 
 
 @pytest.mark.parametrize(
+    "value",
+    [[1, 2.5, "a", None], {3, 1, 2}, range(1, 9, 3), torch.ops.aten, [torch.float16, (1, [2])]],
+    ids=["list", "set", "range", "op_namespace", "nested"],
+)
+def test_guard_values_round_trip(value: object) -> None:
+    """Values Dynamo's EQUALS_MATCH / ID_MATCH guards compare with (lists, sets, ranges,
+    ``torch.ops.aten``) encode as JSON and decode equal (or identical, for namespaces)."""
+    desc = encode_value(value)
+    json.dumps(desc)
+    back = decode_value(desc)
+    assert back is value if value is torch.ops.aten else (back == value and type(back) is type(value))
+
+
+@pytest.mark.parametrize(
     "value, needle",
     [
         (object(), "unsupported constant type builtins.object"),
-        ([1, 2], "unsupported constant type builtins.list"),
-        ({"a": [1]}, "unsupported constant type builtins.list"),
+        ([1, object()], "unsupported constant type builtins.object"),
+        ({"a": {object()}}, "unsupported constant type builtins.object"),
         (lambda: None, "does not import back"),
         (slice(object()), "builtins.object"),
         (torch.nn.Identity(), "no __module__/__qualname__"),  # Dynamo's unchecked `root` constant
@@ -475,7 +489,7 @@ _DUMP = """
 import json, sys
 sys.path[:0] = [{root!r}, {here!r}]
 import test_code_codec as m
-from torchair_cached_backend.bypass.code_codec import dumps_code, code_fingerprint
+from torchair_cached_backend.code_codec import dumps_code, code_fingerprint
 codes = m.compile_samples()
 print(json.dumps({{
     "payloads": {{n: [dumps_code(c).hex() for c in cs] for n, cs in codes.items()}},
@@ -487,7 +501,7 @@ print(json.dumps({{
 _LOAD = """
 import json, sys
 sys.path[:0] = [{root!r}, {here!r}]
-from torchair_cached_backend.bypass.code_codec import loads_code, code_fingerprint
+from torchair_cached_backend.code_codec import loads_code, code_fingerprint
 payloads = json.load(sys.stdin)
 assert "test_code_codec" not in sys.modules
 out = {{n: [loads_code(bytes.fromhex(p)) for p in ps] for n, ps in payloads.items()}}

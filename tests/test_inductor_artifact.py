@@ -413,3 +413,47 @@ def test_fallback_with_inductor_externs(compiled_cases: tuple[dict[str, Any], di
     io = torch.load(d / "io.pt")
     for o, r in zip(fn(*io["inputs"]), io["ref_out"], strict=True):
         torch.testing.assert_close(o, r, rtol=1e-4, atol=1e-4)
+
+
+_FACTORS_CHILD = textwrap.dedent(
+    r"""
+    import json, sys, torch
+    from torchair_cached_backend.compilers.inductor import InductorCompiler
+    from torchair_cached_backend.options import parse_options
+
+    opts = parse_options({"compiler": "inductor"})
+    factors = {"default": InductorCompiler().hash_factors(opts)}
+    torch.set_num_threads(torch.get_num_threads() + 1)
+    factors["more_threads"] = InductorCompiler().hash_factors(opts)
+    torch.set_num_threads(torch.get_num_threads() - 1)
+    import torch._inductor.config as cfg
+
+    def my_pass(graph):
+        return None
+
+    cfg.post_grad_custom_post_pass = my_pass
+    factors["custom_pass"] = InductorCompiler().hash_factors(opts)
+    cfg.post_grad_custom_post_pass = None
+    cfg.freezing = True
+    factors["freezing"] = InductorCompiler().hash_factors(opts)
+    print("FACTORS" + json.dumps(factors))
+    """
+)
+
+
+def test_hash_factors_hold_threads_isa_and_config_by_value() -> None:
+    """The thread count, the CPU's ISA and Inductor config overrides (a custom pass by its
+    code, never by its address) are key factors, identical in every process."""
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    runs = []
+    for _ in range(2):
+        out = subprocess.run([sys.executable, "-c", _FACTORS_CHILD], env=env, capture_output=True, text=True, check=True)
+        line = next(ln for ln in out.stdout.splitlines() if ln.startswith("FACTORS"))
+        runs.append(json.loads(line[len("FACTORS") :]))
+    first, second = runs
+    assert first == second  # nothing process-specific (ids, addresses)
+    default = first["default"]
+    assert default["threads"] >= 1 and default["cpu_isa"] and default["cpu_count"]
+    assert first["more_threads"]["threads"] == default["threads"] + 1
+    assert default["inductor_config"] == "default"
+    assert len({default["inductor_config"], first["custom_pass"]["inductor_config"], first["freezing"]["inductor_config"]}) == 3

@@ -1,15 +1,26 @@
-"""The on-disk store: atomic entries, checksums, quarantine, ownership and symlink refusal."""
+"""The on-disk store: atomic entries, checksums, quarantine, ownership and symlink refusal,
+paths derived by our code (never a manifest's), readers racing writers, and storage faults
+that are misses / no-ops instead of errors (real read-only and full filesystems: test_faults.py)."""
 
 from __future__ import annotations
 
+import errno
+import hashlib
 import json
 import os
+import shutil
 import stat
+import subprocess
+import sys
+import textwrap
 
 import pytest
+from subprocess_helpers import REPO
 
+from torchair_cached_backend import fs_security as fs
+from torchair_cached_backend import reset_stats, stats
 from torchair_cached_backend.fs_security import CacheSecurityError
-from torchair_cached_backend.store import Store
+from torchair_cached_backend.store import BrokenEntry, Store
 
 
 def _entry(tmp_path):
@@ -102,3 +113,195 @@ def test_symlink_above_root_is_fine(tmp_path):
     store.save("k", {"f": b"x"}, {})
     assert store.load("k").files["f"] == b"x"
     assert json.loads(open(os.path.join(store.entry_path("k"), "manifest.json")).read())["key"] == "k"
+
+
+# ---------------------------------------------------------------------------
+# paths come from our code, never from a manifest
+# ---------------------------------------------------------------------------
+
+
+def _rewrite_manifest(store, key, change):
+    path = os.path.join(store.entry_path(key), "manifest.json")
+    manifest = json.loads(open(path).read())
+    change(manifest)
+    open(path, "w").write(json.dumps(manifest))
+
+
+def test_blob_name_escaping_the_entry_is_never_read(tmp_path, caplog):
+    store = _entry(tmp_path)
+    outside = tmp_path / "outside-secret"
+    outside.write_bytes(b"secret")
+    # ../../../../<tmp>/outside-secret from files/, with a matching size and checksum
+    rel = os.path.relpath(outside, os.path.join(store.entry_path("k1"), "files"))
+    assert rel.startswith("../")
+    sha = hashlib.sha256(b"secret").hexdigest()
+    _rewrite_manifest(store, "k1", lambda m: m["files"].update({rel: {"size": 6, "sha256": sha}}))
+    with caplog.at_level("WARNING", logger="torchair_cached_backend"):
+        assert store.load("k1") is None
+    assert "not a plain file name" in caplog.text
+    assert os.listdir(os.path.join(store.root, "quarantine"))
+
+
+@pytest.mark.parametrize("name", ["/etc/hostname", ".hidden", "a/b", "..", ""])
+def test_save_refuses_blob_names_that_are_not_plain(tmp_path, name):
+    with pytest.raises(ValueError, match="invalid blob name"):
+        Store(str(tmp_path / "c"), "graphs").save("k", {name: b"x"}, {})
+
+
+def test_symlinked_files_dir_is_refused(tmp_path):
+    store = _entry(tmp_path)
+    files = os.path.join(store.entry_path("k1"), "files")
+    copy = tmp_path / "planted"
+    shutil.copytree(files, copy)  # same bytes, same checksums: only the symlink is wrong
+    shutil.rmtree(files)
+    os.symlink(copy, files)
+    with pytest.raises(CacheSecurityError, match="symlink"):
+        store.load("k1")
+
+
+def test_symlinked_entry_dir_is_refused(tmp_path):
+    store = _entry(tmp_path)
+    real = tmp_path / "real-entry"
+    os.rename(store.entry_path("k1"), real)
+    os.symlink(real, store.entry_path("k1"))
+    with pytest.raises(CacheSecurityError, match="symlink"):
+        store.load("k1")
+
+
+def test_path_of_serves_only_checksummed_files(tmp_path):
+    store = _entry(tmp_path)
+    entry = store.load("k1")
+    assert open(entry.path_of("a.bin"), "rb").read() == b"hello" * 100
+    open(os.path.join(entry.files_dir, "extra.so"), "wb").write(b"not in the manifest")
+    for name in ("extra.so", "/usr/lib/libc.so.6", "../manifest.json"):
+        with pytest.raises(BrokenEntry, match="no checksummed file"):
+            entry.path_of(name)
+
+
+# ---------------------------------------------------------------------------
+# a reader racing a writer that replaces the entry
+# ---------------------------------------------------------------------------
+
+REPLACER = textwrap.dedent(
+    """
+    import sys, time
+    from torchair_cached_backend.store import Store
+    store = Store(sys.argv[1], "programs")
+    deadline = time.time() + float(sys.argv[2])
+    i = 0
+    while time.time() < deadline:
+        i += 1
+        blob = bytes([i % 251]) * (8 << 20)
+        store.replace("k", {"a.bin": blob, "b.bin": str(i).encode()}, {"generation": i})
+    print(i)
+    """
+)
+
+
+def test_reader_never_quarantines_an_entry_replaced_under_it(tmp_path):
+    store = Store(str(tmp_path / "c"), "programs")
+    store.save("k", {"a.bin": bytes([0]) * (8 << 20), "b.bin": b"0"}, {"generation": 0})
+    writer = subprocess.Popen([sys.executable, "-c", REPLACER, store.root, "4"], stdout=subprocess.PIPE, text=True,
+                              env=dict(os.environ, PYTHONPATH=REPO))
+    loads = misses = 0
+    while writer.poll() is None:
+        entry = store.load("k")
+        if entry is None:
+            misses += 1  # between the old entry's unpublish and the new one's publish
+            continue
+        loads += 1
+        generation = entry.manifest["generation"]
+        assert entry.files["b.bin"] == str(generation).encode()  # one entry's blobs, never a mix
+        assert entry.files["a.bin"][:1] == bytes([generation % 251])
+    replaced = int(writer.communicate()[0])
+    assert writer.returncode == 0 and replaced > 5 and loads > 5, (replaced, loads, misses)
+    assert not os.path.exists(os.path.join(store.root, "quarantine")), os.listdir(os.path.join(store.root, "quarantine"))
+
+
+# ---------------------------------------------------------------------------
+# storage faults are misses and no-ops, never errors
+# ---------------------------------------------------------------------------
+
+
+@pytest.fixture
+def fresh_stats():
+    from torchair_cached_backend import logs
+    from torchair_cached_backend import store as store_mod
+
+    reset_stats()
+    logs._once.clear()
+    store_mod._UNWRITABLE.clear()
+    yield
+    store_mod._UNWRITABLE.clear()
+
+
+def _raise_on(monkeypatch, target, name, code, *, calls=1):
+    real = getattr(target, name)
+    state = {"left": calls}
+
+    def failing(*args, **kwargs):
+        if state["left"]:
+            state["left"] -= 1
+            raise OSError(code, os.strerror(code))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(target, name, failing)
+
+
+@pytest.mark.parametrize("code", [errno.EIO, errno.ENOSPC])
+def test_write_fault_publishes_nothing_and_warns_once(tmp_path, monkeypatch, caplog, fresh_stats, code):
+    store = Store(str(tmp_path / "c"), "graphs")
+    _raise_on(monkeypatch, fs, "write_private", code, calls=2)
+    with caplog.at_level("WARNING", logger="torchair_cached_backend"):
+        assert store.save("k", {"a": b"x", "b": b"y"}, {}) is None
+        assert store.save("k2", {"a": b"x"}, {}) is None
+    assert stats().storage_faults == 2
+    assert len(caplog.records) == 1, caplog.text  # one warning per cause
+    assert ("I/O error" if code == errno.EIO else "is full") in caplog.text
+    assert store.keys() == [] and not [n for n in os.listdir(store.dir) if n.startswith(".tmp")]
+    assert store.save("k", {"a": b"x"}, {}) is not None  # the fault passed: caching resumes
+
+
+def test_read_fault_is_a_miss_not_a_broken_entry(tmp_path, monkeypatch, caplog, fresh_stats):
+    store = _entry(tmp_path)
+    _raise_on(monkeypatch, fs, "read_at", errno.EIO)
+    with caplog.at_level("WARNING", logger="torchair_cached_backend"):
+        assert store.load("k1") is None
+    assert "I/O error" in caplog.text and stats().storage_faults == 1
+    assert not os.path.exists(os.path.join(store.root, "quarantine"))  # an I/O error proves nothing broken
+    assert store.load("k1").files["b.txt"] == b"text"
+
+
+def test_vanished_cache_dir_is_recreated(tmp_path, monkeypatch, fresh_stats):
+    store = _entry(tmp_path)
+    shutil.rmtree(store.root)  # a cleanup job between two compiles
+    assert store.load("k1") is None
+    assert store.save("k2", {"a": b"x"}, {}) is not None
+    real = fs.write_private
+
+    def vanish_once(path, data):  # and one that strikes in the middle of a save
+        if not getattr(vanish_once, "done", False):
+            vanish_once.done = True
+            shutil.rmtree(store.root)
+        return real(path, data)
+
+    monkeypatch.setattr(fs, "write_private", vanish_once)
+    assert store.save("k3", {"a": b"y"}, {}) is not None
+    assert store.load("k3").files["a"] == b"y" and stats().storage_faults == 0
+
+
+def test_lock_that_cannot_be_created_degrades_to_no_lock(tmp_path, monkeypatch, caplog, fresh_stats):
+    import filelock
+
+    store = _entry(tmp_path)
+    _raise_on(monkeypatch, filelock.FileLock, "acquire", errno.EACCES)
+    with caplog.at_level("WARNING", logger="torchair_cached_backend"):
+        with store.lock("k9"):
+            ran = True
+    assert ran and stats().storage_faults == 1 and "not coordinated" in caplog.text
+
+
+def test_an_error_inside_the_locked_block_propagates(tmp_path):
+    store = _entry(tmp_path)
+    with pytest.raises(ZeroDivisionError), store.lock("k1"):
+        raise ZeroDivisionError("from the caller")

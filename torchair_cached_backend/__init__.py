@@ -20,11 +20,15 @@ __version__ = "0.1.0"
 _LAZY = {
     "npu_cached": ("backend", "npu_cached"),
     "make_backend": ("backend", "make_backend"),
-    "cache_compile": ("cache_compile", "cache_compile"),
+    "cache_compile": ("drop_in", "cache_compile"),
     "load": ("bypass.loader", "load"),
     "readable_cache": ("readable", "readable_cache"),
     "CacheSecurityError": ("fs_security", "CacheSecurityError"),
     "InputSignatureError": ("bypass.signature", "InputSignatureError"),
+    "patch_torchair": ("torchair_patch", "patch_torchair"),
+    "unpatch_torchair": ("torchair_patch", "unpatch_torchair"),
+    "prebuild": ("prebuilding", "prebuild"),
+    "CacheMiss": ("bypass.loader", "CacheMiss"),
 }
 
 

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from . import key as keys
+from .cached_graph import CachedGraph
 from .compilers import get_compiler
 from .compilers.base import Artifact, InnerCompiler
 from .logs import log, warn_once
@@ -19,25 +20,6 @@ from .stats import record
 from .store import Store
 
 GRAPH_CODE = "graph_code.py"  # readable copy of the FX graph beside each entry
-
-
-class CachedGraph:
-    """The callable Dynamo installs as ``__compiled_fn_*``; carries its cache key
-    so the bypass capture can find which stored graph a frame calls."""
-
-    __slots__ = ("fn", "key", "compiler", "cached", "options", "input_dims", "__weakref__")
-
-    def __init__(self, fn: Callable[..., Any], key: str, compiler: str, cached: bool) -> None:
-        self.fn = fn
-        self.key = key
-        self.compiler = compiler
-        self.cached = cached
-        self.options: BackendOptions | None = None
-        #: frame-local name -> dims (int static, None symbolic), for the bypass input check
-        self.input_dims: dict[str, list[int | None]] = {}
-
-    def __call__(self, *args: Any) -> Any:
-        return self.fn(*args)
 
 
 def _needs_autograd(example_inputs: list[Any]) -> bool:
@@ -49,7 +31,9 @@ def _needs_autograd(example_inputs: list[Any]) -> bool:
 
 
 def graph_store(options: BackendOptions) -> Store:
-    return Store(options.cache_dir, "graphs")
+    """Where graphs live: ``graph_dir`` when set (shared, e.g. by the ranks of one
+    job: entries are content-addressed by key), else the cache dir itself."""
+    return Store(options.graph_dir or options.cache_dir, "graphs")
 
 
 def _identity(factors: dict[str, Any]) -> str:
@@ -144,6 +128,7 @@ def _compile_and_store(
 ) -> CachedGraph:
     identity = _identity(factors)
     _set_aside_other_versions(store, identity, factors)
+    log.info("npu_cached: compiling graph %s (%d nodes) with %s", key[:12], len(gm.graph.nodes), compiler.name)
     t0 = time.perf_counter()
     result = compiler.compile(gm, example_inputs, options)
     dt = time.perf_counter() - t0
@@ -162,9 +147,23 @@ def _compile_and_store(
         "meta": result.artifact.meta,
         "compile_seconds": round(dt, 3),
     }
-    store.save(key, files, manifest)
+    if store.save(key, files, manifest) is None:  # a storage fault (logged once by the store): serve it uncached
+        log.info("npu_cached miss %s (%s) compiled in %.3fs, not stored", key[:12], compiler.name, dt)
+        return CachedGraph(result.fn, key, compiler.name, cached=False)
     log.info("npu_cached miss %s (%s) compiled in %.3fs and stored", key[:12], compiler.name, dt)
+    if options.max_size is not None:
+        _bound_size(store, options.max_size, key)
     return CachedGraph(result.fn, key, compiler.name, cached=True)
+
+
+def _bound_size(store: Store, max_size: int, just_stored: str) -> None:
+    """Apply the ``max_size`` option after a store: least recently used entries go first."""
+    from .prune import prune
+
+    try:
+        prune(store.root, max_size, keep=(just_stored,))
+    except Exception as exc:  # bounding the cache must never fail the user's call
+        warn_once(f"prune:{store.root}", "npu_cached: could not bound the cache %s to max_size: %s", store.root, exc)
 
 
 def _set_aside_other_versions(store: Store, identity: str, factors: dict[str, Any]) -> None:

@@ -7,11 +7,16 @@ use directories the current user owns and refuse symlinks inside the cache.
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 
 DIR_MODE = 0o700
 FILE_MODE = 0o600
+_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+#: open flags of a directory below the cache root: never through a symlink
+DIR_OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _O_NOFOLLOW | _O_CLOEXEC
 
 
 class CacheSecurityError(PermissionError):
@@ -74,6 +79,71 @@ def check_file(path: str, *, root: str) -> None:
     uid = _uid()
     if uid >= 0 and st.st_uid != uid:
         raise CacheSecurityError(f"refusing cache file {path!r}: owned by uid {st.st_uid}, not uid {uid}")
+
+
+def _check_owner(st: os.stat_result, path: str) -> None:
+    uid = _uid()
+    if uid >= 0 and st.st_uid != uid:
+        raise CacheSecurityError(
+            f"refusing cache path {path!r}: owned by uid {st.st_uid}, not by the current user (uid {uid}). "
+            "Another user could plant code there. Use a cache_dir you own, or chown it."
+        )
+
+
+def open_dir(name: str, *, dir_fd: int | None = None, root: str) -> int:
+    """Open a cache directory (``name`` relative to ``dir_fd`` when given) without
+    following a symlink, and check it is a directory we own. Returns the fd.
+
+    Reading an entry through directory fds opened once means a path can never be
+    swapped under a reader, and no level of the entry (``files/`` included) can
+    be a symlink. FileNotFoundError propagates (a miss)."""
+    try:
+        fd = os.open(name, DIR_OPEN_FLAGS, dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise CacheSecurityError(
+                f"refusing cache path {name!r} in {root!r}: a symlink or not a directory. "
+                "Remove it, or point cache_dir at a real directory you own."
+            ) from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISDIR(st.st_mode):
+            raise CacheSecurityError(f"refusing cache path {name!r} in {root!r}: not a directory")
+        _check_owner(st, name)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def read_at(dir_fd: int, name: str, *, root: str) -> bytes:
+    """The bytes of regular file ``name`` in the directory ``dir_fd``; refuses a
+    symlink or a file owned by someone else."""
+    try:
+        fd = os.open(name, os.O_RDONLY | _O_NOFOLLOW | _O_CLOEXEC, dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise CacheSecurityError(
+                f"refusing cache file {name!r}: not a regular file (symlink planted in {root!r}?)"
+            ) from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise CacheSecurityError(f"refusing cache file {name!r}: not a regular file (planted in {root!r}?)")
+        _check_owner(st, name)
+        chunks = []
+        remaining = st.st_size
+        while True:  # read to EOF: the size may have changed since fstat
+            chunk = os.read(fd, max(remaining, 1 << 16))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            remaining -= len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
 
 
 def write_private(path: str, data: bytes) -> None:

@@ -2,6 +2,14 @@
 
 Factors are kept as a readable dict (stored beside each entry so a miss can be
 explained factor by factor); the key is the sha256 of their canonical JSON.
+Three groups, all top-level keys of ``factors``:
+
+* :func:`context_factors` - the compiler, its options and everything it reads
+  from the process (versions, thread count, ISA, configs, custom passes...):
+  recomputed by the bypass loader at every warm load to verify each graph;
+* :func:`runtime_state_factors` - global state a call can change (grad mode,
+  autocast, default dtype, deterministic algorithms): checked per call;
+* the graph itself (every subgraph included) and its inputs.
 """
 
 from __future__ import annotations
@@ -11,6 +19,7 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from .environment import environment_factors
+from .fingerprint import callable_digest, describe_value, qualified_name
 
 if TYPE_CHECKING:
     import torch
@@ -19,7 +28,7 @@ if TYPE_CHECKING:
     from .options import BackendOptions
 
 #: bump when the on-disk layout or artifact meaning changes
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 
 
 def canonical_json(obj: Any) -> str:
@@ -28,37 +37,6 @@ def canonical_json(obj: Any) -> str:
 
 def digest(obj: Any) -> str:
     return hashlib.sha256(canonical_json(obj).encode()).hexdigest()
-
-
-def qualified_name(obj: Any) -> str:
-    """A process-independent name for a node target or callable (never an id)."""
-    import torch
-
-    if isinstance(obj, str):
-        return obj
-    if isinstance(obj, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
-        return f"op:{obj}"
-    module = getattr(obj, "__module__", None) or type(obj).__module__
-    qualname = getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None)
-    if qualname is None:
-        return f"{type(obj).__module__}.{type(obj).__qualname__}"
-    return f"{module}.{qualname}"
-
-
-def function_digest(fn: Any) -> str:
-    """Digest of a Python callable's code (for decompositions, custom passes).
-
-    The same fingerprint the bypass uses for traced sources (bytecode and
-    constants, not source text, so REPL functions work too); builtins and C
-    functions digest by name.
-    """
-    fn = getattr(fn, "__wrapped__", fn)
-    code = getattr(fn, "__code__", None)
-    if code is None:
-        return qualified_name(fn)
-    from .bypass.code_codec import code_fingerprint
-
-    return code_fingerprint(code)
 
 
 def _describe_value(value: Any) -> Any:
@@ -108,23 +86,60 @@ def graph_factors(gm: torch.fx.GraphModule) -> dict[str, Any]:
     """Normalized description of the graph: every node's op, target and args.
 
     Constant tensors reached by ``get_attr`` are baked into the compiled code,
-    so their *values* are hashed too.
+    so their *values* are hashed too; a ``get_attr`` or ``call_module`` of a
+    GraphModule (the branches of ``torch.cond``, the body of ``while_loop``,
+    ``invoke_subgraph``...) is hashed recursively.
     """
     import torch
 
     nodes = []
-    constants = {}
+    constants: dict[str, str] = {}
+    subgraphs: dict[str, Any] = {}
     for node in gm.graph.nodes:
         nodes.append(
             [node.op, node.name, _describe_value(node.target), _describe_value(node.args),
              _describe_value(node.kwargs)]
         )
-        if node.op == "get_attr":
-            value = _fetch_attr(gm, str(node.target))
-            if isinstance(value, torch.Tensor):
-                data = value.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes()
-                constants[str(node.target)] = hashlib.sha256(data).hexdigest()
-    return {"nodes": nodes, "constants": constants}
+        if node.op not in ("get_attr", "call_module"):
+            continue
+        target = str(node.target)
+        value = _fetch_attr(gm, target)
+        if isinstance(value, torch.fx.GraphModule):
+            subgraphs[target] = digest(graph_factors(value))
+        elif isinstance(value, torch.Tensor):
+            constants[target] = tensor_digest(value)
+        elif isinstance(value, torch.nn.Module):
+            subgraphs[target] = _module_factors(value)
+        elif value is not None:
+            constants[target] = canonical_json(describe_value(value))
+    out: dict[str, Any] = {"nodes": nodes, "constants": constants}
+    if subgraphs:
+        out["subgraphs"] = subgraphs
+    return out
+
+
+def tensor_digest(t: Any) -> str:
+    """sha256 of a tensor's values (its bytes, in logical order)."""
+    import torch
+
+    data = t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+    return hashlib.sha256(data).hexdigest()
+
+
+def _module_factors(module: Any) -> dict[str, Any]:
+    """A plain submodule a graph calls: its structure and its tensors by value."""
+    tensors = {name: tensor_digest(t) for name, t in list(module.named_parameters()) + list(module.named_buffers())}
+    return {"module": repr(module), "tensors": tensors}
+
+
+def module_tensor_factors(gm: Any, graph: dict[str, Any]) -> dict[str, str]:
+    """``{fqn: value digest}`` of the module parameters/buffers the graph holds as
+    constants (Dynamo does so under Inductor's ``freezing``, where they are folded
+    into the kernels): the loader compares them with the live module's, so a new
+    checkpoint never runs with the old values. ``fqn`` is relative to the frame's
+    root module, as Dynamo's ``dynamo_flat_name_to_original_fqn`` records it."""
+    names = getattr(gm, "meta", {}).get("dynamo_flat_name_to_original_fqn") or {}
+    return {str(names[t]): d for t, d in graph["constants"].items() if t in names}
 
 
 def _fetch_attr(gm: Any, target: str) -> Any:
@@ -134,8 +149,16 @@ def _fetch_attr(gm: Any, target: str) -> Any:
     return obj
 
 
+#: attributes torchair reads from an input tensor and compiles into the graph
+_INPUT_ATTRS = ("dim_gears", "_dynamo_static_input_type")
+
+
 def input_factors(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> list[Any]:
-    """Input metadata, taking symbolic shapes from the placeholders' fake values."""
+    """Input metadata, taking symbolic shapes from the placeholders' fake values.
+
+    Besides the tensor metadata: whether an input is a parameter (Inductor's
+    freezing and torchair's frozen parameters compile parameters as constants),
+    and the per-tensor settings torchair compiles in (``set_dim_gears``)."""
     import torch
 
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
@@ -146,6 +169,12 @@ def input_factors(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> list[A
         if isinstance(value, torch.Tensor):
             meta = tensor_meta(source)
             meta["requires_grad"] = bool(value.requires_grad)
+            if isinstance(value, torch.nn.Parameter):
+                meta["parameter"] = True
+            for attr in _INPUT_ATTRS:
+                found = getattr(value, attr, None)
+                if found is not None:
+                    meta[attr] = describe_value(found)
             out.append(meta)
         elif isinstance(value, torch.SymInt) or isinstance(fake, torch.SymInt):
             out.append({"symint": str(fake if fake is not None else value)})
@@ -155,9 +184,76 @@ def input_factors(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> list[A
 
 
 def decomposition_factors(decomps: dict[Any, Any] | None) -> dict[str, str] | None:
+    """Each custom decomposition by its code and bound values (partials, closures)."""
     if not decomps:
         return None
-    return {str(op): function_digest(fn) for op, fn in sorted(decomps.items(), key=lambda kv: str(kv[0]))}
+    return {str(op): callable_digest(fn) for op, fn in sorted(decomps.items(), key=lambda kv: str(kv[0]))}
+
+
+def context_factors(compiler: InnerCompiler, options: BackendOptions) -> dict[str, Any]:
+    """Every key factor that depends on neither the graph nor per-call state.
+
+    ``compute_key`` puts exactly these at the top level of ``factors``, so a
+    loader verifies a stored graph with
+    ``all(manifest["factors"][k] == v for k, v in context_factors(...).items())``.
+    Cheap after the first call in a process (what cannot change is memoized by
+    the parts below); never imports Dynamo or Inductor, never compiles.
+    """
+    from .torchair_config import normalized_config_snapshot
+
+    return {
+        "format": FORMAT_VERSION,
+        "compiler": compiler.name,
+        "compiler_factors": compiler.hash_factors(options),
+        "config": normalized_config_snapshot(options.config),
+        "ge_cache": bool(options.ge_cache),
+        "decompositions": decomposition_factors(options.custom_decompositions),
+        "environment": environment_factors(),
+    }
+
+
+def runtime_state_factors() -> dict[str, Any]:
+    """Global state that changes a traced graph or its artifact and that a program
+    can change between two calls: grad mode, autocast (every device type where it
+    is on, with its dtype, and the weight-cast cache), the default dtype, and
+    deterministic algorithms. Top-level key factors; checked per call by the bypass
+    (about 1 us: each is one C call)."""
+    import torch
+
+    return {
+        "grad_enabled": torch.is_grad_enabled(),
+        "autocast": autocast_state(),
+        "default_dtype": str(torch.get_default_dtype()),
+        "deterministic": deterministic_state(),
+    }
+
+
+def autocast_state() -> dict[str, Any] | None:
+    """``None`` when autocast is off everywhere, else ``{device: dtype, ..., "cache": bool}``."""
+    import torch
+
+    if not torch._C._is_any_autocast_enabled():
+        return None
+    state: dict[str, Any] = {
+        device: str(torch.get_autocast_dtype(device))
+        for device in torch._C._autocast_supported_devices()
+        if torch.is_autocast_enabled(device)
+    }
+    state["cache"] = torch.is_autocast_cache_enabled()
+    return state
+
+
+def deterministic_state() -> str | list[Any]:
+    """``"off"``, or what ``torch.use_deterministic_algorithms`` set (Inductor lowers
+    some ops differently; torchair passes it to GE as ``ge.deterministic``)."""
+    import torch
+
+    if not torch.are_deterministic_algorithms_enabled():
+        return "off"
+    import torch.utils.deterministic
+
+    return ["on", bool(torch.is_deterministic_algorithms_warn_only_enabled()),
+            bool(torch.utils.deterministic.fill_uninitialized_memory)]
 
 
 def compute_key(
@@ -167,22 +263,26 @@ def compute_key(
     options: BackendOptions,
     grad_enabled: bool,
 ) -> tuple[str, dict[str, Any]]:
-    """Return ``(key, factors)``; ``factors`` is the readable form of the key."""
-    from .torchair_config import config_snapshot
+    """Return ``(key, factors)``; ``factors`` is the readable form of the key.
 
+    Top-level keys besides :func:`context_factors` and :func:`runtime_state_factors`:
+    ``grad_enabled``, ``graph``, ``inputs``, ``module_tensors`` (see
+    :func:`module_tensor_factors`) and ``registries`` (a compiler's registries that
+    cost too much to scan at every warm load, e.g. torchair's user GE converters;
+    that compiler's ``load`` re-checks the ones its artifact used instead).
+    """
+    factors = context_factors(compiler, options)
+    factors.update(runtime_state_factors())
+    factors["grad_enabled"] = grad_enabled
     graph = graph_factors(gm)
-    factors = {
-        "format": FORMAT_VERSION,
-        "graph": digest(graph),
-        "inputs": input_factors(gm, example_inputs),
-        "compiler": compiler.name,
-        "compiler_factors": compiler.hash_factors(options),
-        "config": config_snapshot(options.config),
-        "ge_cache": options.ge_cache,
-        "decompositions": decomposition_factors(options.custom_decompositions),
-        "grad_enabled": grad_enabled,
-        "environment": environment_factors(),
-    }
+    factors["graph"] = digest(graph)
+    factors["inputs"] = input_factors(gm, example_inputs)
+    tensors = module_tensor_factors(gm, graph)
+    if tensors:
+        factors["module_tensors"] = tensors
+    registries = getattr(compiler, "registry_factors", None)
+    if registries is not None:
+        factors["registries"] = registries(options)
     return digest(factors), factors
 
 

@@ -6,6 +6,8 @@ import os
 from typing import Any
 
 COMPILERS = ("auto", "torchair", "inductor", "eager")
+#: what a warm start checks: "load" (default), "call" (every check on every call), "none" (torchair's behaviour)
+GUARD_MODES = ("load", "call", "none")
 DEFAULT_CACHE_DIR = ".torchair_cache"
 CACHE_HOME_ENV = "TORCHAIR_CACHE_HOME"
 
@@ -24,7 +26,7 @@ class BackendOptions:
 
     __slots__ = (
         "cache_dir", "compiler", "config", "ge_cache", "custom_decompositions", "global_rank",
-        "tp_rank", "pp_rank", "check_inputs", "dynamic", "reject_rng",
+        "tp_rank", "pp_rank", "check_inputs", "dynamic", "reject_rng", "guards", "max_size", "graph_dir",
     )
 
     def __init__(
@@ -40,6 +42,9 @@ class BackendOptions:
         check_inputs: bool = True,
         dynamic: bool | None = None,
         reject_rng: bool = False,
+        guards: str = "load",
+        max_size: int | None = None,
+        graph_dir: str | None = None,
     ) -> None:
         self.cache_dir = cache_dir
         self.compiler = compiler
@@ -52,6 +57,9 @@ class BackendOptions:
         self.check_inputs = check_inputs
         self.dynamic = dynamic
         self.reject_rng = reject_rng
+        self.guards = guards
+        self.max_size = max_size
+        self.graph_dir = graph_dir
 
     def as_dict(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self.__slots__}
@@ -115,6 +123,50 @@ def _check_decompositions(value: Any) -> dict[Any, Any] | None:
     return value
 
 
+def _check_guards(value: Any) -> str:
+    if value not in GUARD_MODES:
+        raise OptionError(
+            f"npu_cached option 'guards' must be one of {GUARD_MODES}, got {value!r}: 'load' checks what Dynamo "
+            "specialized on when a warm start loads (and per call what can change between calls), 'call' checks "
+            "everything on every call, 'none' checks nothing (torchair's behaviour)"
+        )
+    return value
+
+
+_SIZE_UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 20, "MB": 1 << 20,
+               "MIB": 1 << 20, "G": 1 << 30, "GB": 1 << 30, "GIB": 1 << 30, "T": 1 << 40, "TB": 1 << 40, "TIB": 1 << 40}
+
+
+def parse_size(value: Any) -> int:
+    """Bytes from an int or a string such as ``"500MB"`` / ``"2G"`` (binary units)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    if isinstance(value, str):
+        text = value.strip().upper().replace(" ", "")
+        number = text.rstrip("KMGTIB")
+        unit = text[len(number):]
+        try:
+            amount = float(number)
+        except ValueError:
+            amount = -1.0
+        if unit in _SIZE_UNITS and amount >= 0:
+            return int(amount * _SIZE_UNITS[unit])
+    raise OptionError(f"a size must be a non-negative number of bytes or a string like '500MB' / '2GB', got {value!r}")
+
+
+def _check_max_size(value: Any) -> int | None:
+    return None if value is None else parse_size(value)
+
+
+def _check_graph_dir(value: Any) -> str | None:
+    """Where graph entries live (default: ``cache_dir``); cache_compile shares one per model across ranks."""
+    if value is None:
+        return None
+    if not isinstance(value, (str, os.PathLike)) or not os.fspath(value):
+        raise OptionError(f"npu_cached option 'graph_dir' must be a non-empty path or None, got {value!r}")
+    return os.path.abspath(os.fspath(value))
+
+
 _VALIDATORS = {
     "cache_dir": None,
     "compiler": None,
@@ -127,6 +179,9 @@ _VALIDATORS = {
     "check_inputs": lambda v: _check_bool("check_inputs", v),
     "dynamic": lambda v: v if v is None else _check_bool("dynamic", v),
     "reject_rng": lambda v: _check_bool("reject_rng", v),
+    "guards": _check_guards,
+    "max_size": _check_max_size,
+    "graph_dir": _check_graph_dir,
 }
 VALID_KEYS = tuple(_VALIDATORS)
 

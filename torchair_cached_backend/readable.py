@@ -33,7 +33,7 @@ def _graph_code(cache_root: str, key: str) -> str:
 
 
 def describe_program(entry_dir: str) -> str:
-    from .bypass import code_codec
+    from . import code_codec
 
     cache_root = os.path.dirname(os.path.dirname(entry_dir))
     manifest = json.loads(fs.read_private(os.path.join(entry_dir, MANIFEST), root=cache_root))
@@ -43,16 +43,20 @@ def describe_program(entry_dir: str) -> str:
     w("=" * 100 + "\n")
     fn = program["function"]
     w(f"program {manifest['key'][:16]}  function {fn.get('module')}.{fn['qualname']}  compiler {program['compiler']}\n")
-    if program.get("unsupported"):
-        w(f"NOT REPLAYABLE: {program['unsupported']}\n")
-    w("\n## key factors\n")
-    w(json.dumps({"versions": manifest.get("versions"), "traced_sources": program.get("traced"),
-                  "tensor_state": program.get("tensor_state")}, indent=1, default=str) + "\n")
-    for i, variant in enumerate(program["variants"]):
-        w(f"\n## variant {i}: grad_enabled={variant['grad_enabled']} root frame {variant['root']}\n")
-        w("input signature:\n")
-        for item in variant["signature"]:
-            w(f"  {json.dumps(item)}\n")
+    if fn.get("receiver_type"):
+        w(f"receiver type {fn['receiver_type']}\n")
+    w("\n## versions\n")
+    w(json.dumps(manifest.get("versions"), indent=1, default=str) + "\n")
+    for i, variant in enumerate(program.get("variants", [])):
+        frame = program["frames"].get(variant["root"], {})
+        w(f"\n## variant {i}: root frame {variant['root']}\n")
+        _write_checks(w, frame)
+    for group in program.get("resumes", {}).values():
+        w(f"\n## after a graph break: {group['name']} ({len(group.get('frames', []))} compiled variant(s); "
+          "the original code runs eagerly when none fits)\n")
+        for fid in group.get("frames", []):
+            w(f"\n### resume variant, frame {fid}\n")
+            _write_checks(w, program["frames"].get(fid, {}))
     for fid, frame in program["frames"].items():
         w(f"\n## frame {fid} ({frame['co_name']})\n")
         for name, desc in frame["globals"].items():
@@ -65,6 +69,32 @@ def describe_program(entry_dir: str) -> str:
                 w(f"\n### graph {name} ({desc['compiler']}, key {desc['key'][:16]})\n")
                 w(_graph_code(cache_root, desc["key"]))
     return out.getvalue()
+
+
+def _write_checks(w: Any, frame: dict[str, Any]) -> None:
+    """What a warm start checks before replaying this frame (see the README)."""
+    if frame.get("unsupported"):
+        w(f"NOT REPLAYABLE: {frame['unsupported']}\n")
+    guards = frame.get("guards") or {}
+    state = guards.get("state") or {}
+    if state:
+        w(f"captured under: {json.dumps(state)}\n")
+    meta = guards.get("meta") or []
+    for scope, title in (("load", "checked once when the warm start loads"),
+                         ("call", "checked on every call (selects the variant)")):
+        items = [m for m in meta if m.get("scope") == scope]
+        w(f"{title}: {len(items)}\n")
+        for m in items:
+            shown = f": {m['was']}" if m.get("kind") == "TENSOR_MATCH" and m.get("was") else ""
+            w(f"  [{m.get('kind')}] {m.get('desc')}{shown}\n")
+    traced = frame.get("traced") or []
+    if traced:
+        w("code it traced (checked for edits at load):\n")
+        for t in traced:
+            if "library" in t:
+                w(f"  library {t['library']} {t.get('version')}\n")
+            else:
+                w(f"  {t.get('module')}.{t['qualname']} ({t['fingerprint'][:12]})\n")
 
 
 def readable_cache(cache_bin: str, print_output: bool = True, file: str | None = None) -> str:

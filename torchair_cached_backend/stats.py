@@ -10,20 +10,30 @@ class CacheStats:
 
     hits / misses: graph entries loaded / compiled; uncached: graphs compiled
     without the cache (autograd, not cacheable); quarantined: broken entries set
-    aside; bypass_loads: functions warm-started by the guard-bypass loader.
+    aside; bypass_loads: functions warm-started by the guard-bypass loader;
+    fallbacks: warm starts (or calls of a replayed function) that had to trace
+    with Dynamo instead, with ``fallback_reasons`` counting each reason;
+    storage_faults: cache reads/writes that failed (read-only or full disk, ...)
+    and were served uncached instead of failing the call.
     (A plain class: it is imported with the package, on the warm path.)
     """
 
-    __slots__ = ("hits", "misses", "uncached", "quarantined", "load_seconds", "compile_seconds", "bypass_loads")
+    __slots__ = (
+        "hits", "misses", "uncached", "quarantined", "load_seconds", "compile_seconds", "bypass_loads",
+        "fallbacks", "storage_faults", "fallback_reasons",
+    )
 
-    def __init__(self, **values: float) -> None:
+    def __init__(self, **values: object) -> None:
         for name in self.__slots__:
-            setattr(self, name, values.pop(name, 0.0 if name.endswith("seconds") else 0))
+            default: object = 0.0 if name.endswith("seconds") else 0
+            if name == "fallback_reasons":
+                default = {}
+            setattr(self, name, values.pop(name, default))
         if values:
             raise TypeError(f"unknown CacheStats fields {sorted(values)}")
 
-    def as_dict(self) -> dict[str, float]:
-        return {name: getattr(self, name) for name in self.__slots__}
+    def as_dict(self) -> dict[str, object]:
+        return {name: (dict(v) if isinstance(v := getattr(self, name), dict) else v) for name in self.__slots__}
 
     def __repr__(self) -> str:
         return "CacheStats(" + ", ".join(f"{k}={v!r}" for k, v in self.as_dict().items()) + ")"
@@ -40,6 +50,14 @@ def record(**deltas: float) -> None:
     with _lock:
         for name, delta in deltas.items():
             setattr(_stats, name, getattr(_stats, name) + delta)
+
+
+def record_fallback(reason: str) -> None:
+    """Count a warm start (or replayed call) that traced with Dynamo, by reason."""
+    with _lock:
+        _stats.fallbacks += 1
+        reasons = _stats.fallback_reasons
+        reasons[reason] = reasons.get(reason, 0) + 1
 
 
 def stats() -> CacheStats:

@@ -1,14 +1,16 @@
 """Read a torchair ``CompilerConfig`` as plain data, without importing torchair.
 
 Used for cache keys (every leaf option counts; custom passes by a digest of
-their code) and for ``cache_compile``'s config/backend consistency check.
+their code and bound values: a ``functools.partial`` or a callable object is
+described by what it calls *and* what it carries) and for ``cache_compile``'s
+config/backend consistency check.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from .key import function_digest
+from .fingerprint import describe_callable
 
 
 def config_snapshot(config: Any, _depth: int = 0) -> Any:
@@ -21,8 +23,8 @@ def config_snapshot(config: Any, _depth: int = 0) -> Any:
         return [config_snapshot(v, _depth + 1) for v in config]
     if isinstance(config, dict):
         return {str(k): config_snapshot(v, _depth + 1) for k, v in sorted(config.items(), key=lambda kv: str(kv[0]))}
-    if callable(config) and not hasattr(config, "__dict__") or hasattr(config, "__code__"):
-        return {"callable": function_digest(config)}
+    if callable(config) and not _is_option_node(config):
+        return {"callable": describe_callable(config)}
     value = getattr(config, "value", None)
     if hasattr(config, "value") and not hasattr(config, "_fixed_attrs") and not callable(value):
         return config_snapshot(value, _depth + 1)
@@ -34,6 +36,37 @@ def config_snapshot(config: Any, _depth: int = 0) -> Any:
         for k, v in sorted(attrs.items())
         if not k.startswith("__") and k not in ("_fixed_attrs",)
     }
+
+
+def _is_option_node(obj: Any) -> bool:
+    """A torchair config object or option value (walked), not a user callable (digested)."""
+    return hasattr(obj, "_fixed_attrs") or (hasattr(obj, "value") and hasattr(obj, "_value"))
+
+
+_default_snapshots: dict[type, Any] = {}
+
+
+def normalized_config_snapshot(config: Any) -> Any:
+    """:func:`config_snapshot`, with ``None`` for a config equal to its class's default:
+    ``config=None`` and ``config=CompilerConfig()`` mean the same to torchair, so they
+    give one key and one ``model_info`` directory."""
+    if config is None:
+        return None
+    snap = config_snapshot(config)
+    return None if snap == default_config_snapshot(type(config)) else snap
+
+
+_NO_DEFAULT = object()
+
+
+def default_config_snapshot(cls: type) -> Any:
+    """The snapshot of ``cls()`` (memoized: a default config never changes in a process)."""
+    if cls not in _default_snapshots:
+        try:
+            _default_snapshots[cls] = config_snapshot(cls())
+        except Exception:  # noqa: BLE001 - no default constructor: nothing to compare with
+            _default_snapshots[cls] = _NO_DEFAULT
+    return _default_snapshots[cls]
 
 
 def config_mode(config: Any) -> str:

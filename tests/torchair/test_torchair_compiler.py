@@ -152,9 +152,15 @@ def test_ge_cache_dir_points_into_the_entry(tmp_path):
     assert warm["ge_dirs"] == [os.path.join(files_dir, "ge_cache")]
 
 
+#: where the fake torch_npu stops: it generates and loads aclgraph code, it cannot capture
+FAKE_CAPTURE_ERROR = "fake torch_npu: NPUGraph capture is not available on CPU"
+
+
 def _aclgraph_entry(cache: str, config_lines: str, extra_options: str = "") -> tuple[dict, str, str, dict]:
     """Compile the model in an aclgraph mode with the fake torch_npu (which can generate
-    aclgraph code, not run it); return the result, the stored code, stderr, the manifest."""
+    and load aclgraph code, not capture it); return the result, the stored code, stderr,
+    the manifest. Only the fake's own capture error is expected: any other error (ours
+    included) fails the test."""
     proc = run_script(
         MODEL
         + f"""
@@ -166,17 +172,20 @@ compiled = torch.compile(model, backend="npu_cached",
 try:
     with torch.no_grad():
         compiled(torch.ones(2, 4))
-except Exception:
-    pass
-result()
+    err = None
+except RuntimeError as exc:
+    err = str(exc)
+result(err=err)
 """,
         timeout=TIMEOUT,
         shim=True,
         fake_torch_npu=True,
     )
+    res = _last_json(proc.stdout)
+    assert res["err"] is not None and FAKE_CAPTURE_ERROR in res["err"], res["err"]
     (entry,) = _entries(cache)
     manifest = json.load(open(os.path.join(os.path.dirname(os.path.dirname(entry)), "manifest.json")))
-    return _last_json(proc.stdout), open(entry).read(), proc.stderr, manifest
+    return res, open(entry).read(), proc.stderr, manifest
 
 
 def test_reduce_overhead_codegen_and_ge_cache_warning(tmp_path):
@@ -378,3 +387,13 @@ def test_aclgraph_static_kernel_cache_options(tmp_path):
     assert "<npu_cached:static_kernel_dir>" in code and cache not in code
     assert "def _update_static_kernel_cache_dir(" in code
     assert manifest["factors"]["compiler_factors"]["static_kernel_options"]["_aclnn_static_shape_kernel.deterministic"] == "0"
+    # the static-kernel dir exists inside the entry before torchair compiles/loads kernels there,
+    # cold and warm (torchair warns "The path does not exist" and caches nothing otherwise)
+    (entry,) = _entries(cache)
+    kernels_dir = os.path.join(os.path.dirname(entry), "static_kernels")
+    assert os.path.isdir(kernels_dir) and os.listdir(kernels_dir)
+    warm, _, stderr, _ = _aclgraph_entry(
+        cache, 'cfg.mode = "npugraph_ex"\ncfg.experimental_config.aclgraph._aclnn_static_shape_kernel = True'
+    )
+    assert warm["hits"] == 1 and warm["misses"] == 0
+    assert "The path does not exist" not in stderr

@@ -5,7 +5,9 @@ generic stubs cannot produce the objects GE's graph API returns by value).
 :func:`install` therefore replaces ``torchair.core._backend.TorchNpuGraph``'s
 ``load`` / ``compile`` / ``run`` / ``auto_tune`` with Python versions:
 
-* ``load`` keeps the GE ``GraphDef`` proto and the options;
+* ``load`` keeps the GE ``GraphDef`` proto and the options, and records them in
+  :data:`LOADS` (with the op types, and whether the GE cache dir existed: as GE,
+  it writes a file into an existing cache dir and never creates one);
 * ``compile`` / ``auto_tune`` do nothing;
 * ``run`` returns, for every input of the ``NetOutput`` op, a zero tensor with
   that output's dtype and shape (or the caller's ``assigned_outputs`` tensor
@@ -121,9 +123,31 @@ def _zero_outputs(graph, inputs, assigned_outputs) -> list:
     return outputs
 
 
+#: one record per graph GE loaded in this process: the options torchair handed GE, the
+#: graph's op types, and whether the GE compile-cache directory existed at that moment
+LOADS: list[dict[str, Any]] = []
+GE_CACHE_OPTION = "ge.graph_compiler_cache_dir"
+#: what the shim writes into an existing GE cache dir (as GE would write its compiled model)
+GE_CACHE_FILE = "tcb_shim_ge_cache.om"
+
+
 def _shim_load(self, ge_graph, options=None):
+    import os
+
     self._tcb_graph = ge_graph
     self._tcb_options = dict(options or {})
+    cache_dir = self._tcb_options.get(GE_CACHE_OPTION)
+    exists = bool(cache_dir) and os.path.isdir(cache_dir)
+    if exists:  # GE writes its cache into the directory, never creates it
+        with open(os.path.join(cache_dir, GE_CACHE_FILE), "w") as f:
+            f.write(self._tcb_options.get("ge.graph_key", ""))
+    LOADS.append(
+        {
+            "options": dict(self._tcb_options),
+            "ops": [op.type for op in ge_graph.op] if hasattr(ge_graph, "op") else [],
+            "ge_cache_dir_exists": exists,
+        }
+    )
 
 
 def _shim_compile(self):

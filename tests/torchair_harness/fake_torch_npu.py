@@ -16,6 +16,8 @@ Knobs (module attributes of the installed fake ``torch_npu.npu``):
 ``deterministic_level`` (int, default 0), ``matmul.allow_hf32`` /
 ``conv.allow_hf32`` (bool), ``cann_version_gte`` (bool returned by
 ``torch_npu.npu.utils._is_gte_cann_version``, default False).
+Tensors get ``is_npu`` (always False), which GE code generated with torch_npu
+reads, so such code runs over the executor shim.
 """
 
 from __future__ import annotations
@@ -33,6 +35,26 @@ class _FakeNPUGraph:
 
     def __init__(self, *args, **kwargs):
         raise RuntimeError("fake torch_npu: NPUGraph capture is not available on CPU")
+
+
+class _FakeEvent:
+    """Placeholder for ``torch.npu.Event``: referenced, never usable."""
+
+    def __init__(self, *args, **kwargs):
+        raise RuntimeError("fake torch_npu: NPU events are not available on CPU")
+
+
+class _FakeStream:
+    """``torch.npu.Stream()``: constructible (generated aclgraph code makes one), nothing more."""
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def synchronize(self) -> None:
+        pass
+
+    def wait_stream(self, stream) -> None:
+        pass
 
 
 def _build() -> types.ModuleType:
@@ -53,10 +75,14 @@ def _build() -> types.ModuleType:
     npu.conv = types.SimpleNamespace(allow_hf32=False)
     npu.graph_pool_handle = lambda: (1, 0)
     npu.NPUGraph = _FakeNPUGraph
+    npu.Event = _FakeEvent  # named in annotations of torchair's aclgraph modules
+    npu.Stream = _FakeStream  # aclgraph code makes one at import; capturing on it fails later
+    npu.current_stream = lambda *args, **kwargs: _FakeStream()
     npu.synchronize = lambda *a, **k: None
 
     utils = types.ModuleType("torch_npu.npu.utils")
     utils._is_gte_cann_version = lambda version, module="CANN": bool(npu.cann_version_gte)
+    utils.get_cann_version = lambda module="CANN": ""
     npu.utils = utils
 
     pkg.npu = npu
@@ -81,6 +107,8 @@ def install() -> types.ModuleType:
     sys.modules["torch_npu.npu"] = fake.npu
     sys.modules["torch_npu.npu.utils"] = fake.npu.utils
     torch.npu = fake.npu
+    _saved["Tensor.is_npu"] = torch.Tensor.__dict__.get("is_npu", _MISSING)
+    torch.Tensor.is_npu = property(lambda self: False)  # GE code with torch_npu asks each input
     return fake
 
 
@@ -92,7 +120,12 @@ def uninstall() -> None:
     import torch
 
     for name, old in _saved.items():
-        if name == "torch.npu":
+        if name == "Tensor.is_npu":
+            if old is _MISSING:
+                del torch.Tensor.is_npu
+            else:
+                torch.Tensor.is_npu = old
+        elif name == "torch.npu":
             if old is _MISSING:
                 if hasattr(torch, "npu"):
                     delattr(torch, "npu")

@@ -1,36 +1,53 @@
 """Capture, at cold start, what the loader needs to replay a function without Dynamo.
 
 A Dynamo bytecode hook sees every frame Dynamo transforms. For frames whose
-graphs came from ``npu_cached`` it records the transformed code and what each
-Dynamo-installed global stands for, and publishes a *program* entry beside the
-graph entries. Resume functions (graph breaks) are compiled later, in frames of
-their own; the program is updated when they arrive, and until then the
-original resume code is kept so a replay runs it eagerly instead of failing.
+graphs came from ``npu_cached`` it records the transformed code, what each
+Dynamo-installed global stands for, the frame's guards (``guard_capture``) and
+the user code it traced, and merges the result into the function's *program*
+entry beside the graph entries. Resume functions (graph breaks) are compiled
+later, in frames of their own, and join the program's resume group for their
+original code when they arrive.
+
+Dynamo's globals (``__compiled_fn_3``, ``__resume_at_70_2``, ``__import_torch``...)
+are numbered per process; the stored bytecode refers to them under names
+derived from what they stand for (``___tcb_graph_<key>``, ``___tcb_mod_torch``...),
+so replayed programs never collide with each other, with other processes'
+programs or with a later ``torch.compile`` in the same module.
 """
 
 from __future__ import annotations
 
+import builtins
+import hashlib
+import json
+import re
 import sys
 import threading
+import time
 import types
 from typing import Any
 
+from .. import code_codec
+from ..cached_graph import CachedGraph
 from ..logs import log
-from . import code_codec
-from .program import function_identity, program_key, program_store
-from .signature import describe_args
-from .sources import RESUME_PREFIX, describe_traced, tensor_state
+from .guard_capture import capture_frame_guards, receiver_ref
+from .guard_runtime import receiver_value
+from .program import PROGRAM_FORMAT, function_identity, merge_programs, program_key, program_store, type_path
+from .sources import RESUME_PREFIX, describe_traced, fresh_by_name, tensor_state
 
 _installed = False
 _lock = threading.RLock()
-#: (cache dir, program key) -> builder, for the programs this process is building. The
-#: program key names the function, not the cache, so one function compiled into two
-#: caches (two backends) has two builders.
+#: (cache dir, program key) -> builder, for the programs this process is building
 _builders: dict[tuple[str, str], ProgramBuilder] = {}
-#: id(original resume code) -> (code, [(builder, frame id, global name)])
-_pending: dict[int, tuple[types.CodeType, list[tuple[ProgramBuilder, str, str]]]] = {}
+#: id(original resume code) -> (code, [(builder, origin, receiver)]): who waits for its compiled frames
+_resume_owners: dict[int, tuple[types.CodeType, list[tuple[ProgramBuilder, str, str | None]]]] = {}
 
 DYNAMO_PREFIXES = ("__compiled_fn", "__import_", "___module_", "__builtins_dict__", "__resume_at_")
+#: (not ``_dynamo_static_input_type``: Dynamo itself sets it on parameters while tracing)
+_TORCHAIR_TENSOR_ATTRS = ("dim_gears",)
+_BY_ID = re.compile(r"_\d+_c\d+$")  # Dynamo's install_global_by_id names
+#: bumped on every frame Dynamo transforms, so callers can skip re-checking when nothing compiled
+generation = 0
 
 
 def ensure_installed() -> None:
@@ -52,9 +69,9 @@ def ensure_installed() -> None:
 
 
 class ProgramBuilder:
-    """Accumulates the frames and variants of one function's program."""
+    """Accumulates the frames and variants of one function's program in this process."""
 
-    def __init__(self, key: str, identity: dict[str, Any], cache_dir: str, compiler: str, fingerprint: str = "") -> None:
+    def __init__(self, key: str, identity: dict[str, Any], cache_dir: str, compiler: str, fingerprint: str) -> None:
         self.key = key
         self.identity = identity
         self.fingerprint = fingerprint  # of the function's own (original) code
@@ -63,42 +80,38 @@ class ProgramBuilder:
         self.frames: dict[str, dict[str, Any]] = {}
         self.files: dict[str, bytes] = {}
         self.variants: list[dict[str, Any]] = []
-        self.traced: dict[str, dict[str, Any]] = {}
-        self.tensor_state: dict[str, Any] | None = None
-        self.unsupported: str | None = None
-        self.disabled = False  # cache_compile invalidated it (recompile)
+        self.resumes: dict[str, dict[str, Any]] = {}
 
-    def new_frame_id(self) -> str:
-        return f"f{len(self.frames)}"
-
-    def manifest(self) -> dict[str, Any]:
-        from ..environment import environment_factors
-
+    def program(self) -> dict[str, Any]:
         return {
-            "versions": environment_factors(),
-            "program": {
-                "function": self.identity,
-                "fingerprint": self.fingerprint,
-                "compiler": self.compiler,
-                "frames": self.frames,
-                "variants": self.variants,
-                "traced": list(self.traced.values()),
-                "tensor_state": self.tensor_state,
-                "unsupported": self.unsupported,
-            }
+            "format": PROGRAM_FORMAT,
+            "function": self.identity,
+            "fingerprint": self.fingerprint,
+            "compiler": self.compiler,
+            "frames": self.frames,
+            "variants": self.variants,
+            "resumes": self.resumes,
         }
 
     def publish(self) -> None:
-        if self.disabled:
-            return
+        """Merge what this process captured into the stored program (under its lock)."""
+        from ..environment import environment_factors
+
         try:
-            program_store(self.cache_dir).replace(self.key, self.files, self.manifest())
+            store = program_store(self.cache_dir)
+            with store.lock(self.key):
+                entry = store.load(self.key)
+                if entry is None and store.exists(self.key):
+                    return  # stored but unreadable now (a storage fault): never replace it with less
+                old = entry.manifest.get("program") if entry is not None else None
+                old_files = entry.files if entry is not None else {}
+                program, files = merge_programs(old, old_files, self.program(), self.files)
+                store.replace(self.key, files, {"versions": environment_factors(), "program": program})
         except Exception as exc:  # capture must never break the user's compile
             log.warning("npu_cached: could not save the replay program for %s: %s", self.identity["qualname"], exc)
 
-
-#: bumped on every frame Dynamo transforms, so callers can skip re-checking when nothing compiled
-generation = 0
+    def variant_count(self) -> int:
+        return len(self.variants)
 
 
 def builders_for(code: types.CodeType) -> list[ProgramBuilder]:
@@ -107,19 +120,15 @@ def builders_for(code: types.CodeType) -> list[ProgramBuilder]:
     return [b for b in _builders.values() if b.identity["qualname"] == qualname]
 
 
-def _find_compile_context(code: types.CodeType) -> tuple[Any, dict[str, Any] | None]:
-    """Dynamo's OutputGraph for this frame and the frame's locals (the call's arguments)."""
-    output = None
-    frame_locals = None
+def _find_output(code: types.CodeType) -> Any:
+    """Dynamo's OutputGraph for the frame being compiled (a local of its tracer frames)."""
     f = sys._getframe(2)
-    while f is not None and (output is None or frame_locals is None):
-        loc = f.f_locals
-        if output is None and hasattr(loc.get("output"), "global_scope"):
-            output = loc["output"]
-        if frame_locals is None and f.f_code.co_name == "_compile" and loc.get("code") is code:
-            frame_locals = loc.get("locals")
+    while f is not None:
+        candidate = f.f_locals.get("output")
+        if hasattr(candidate, "global_scope") and hasattr(candidate, "guards"):
+            return candidate
         f = f.f_back
-    return output, frame_locals
+    return None
 
 
 def _names(code: types.CodeType) -> set[str]:
@@ -130,9 +139,7 @@ def _names(code: types.CodeType) -> set[str]:
     return names
 
 
-def _our_graph(value: Any) -> Any:
-    from ..backend import CachedGraph
-
+def _our_graph(value: Any) -> CachedGraph | None:
     seen = 0
     while value is not None and seen < 8:
         if isinstance(value, CachedGraph):
@@ -151,121 +158,186 @@ def _on_bytecode(code: types.CodeType, out_code: types.CodeType) -> None:
     return None
 
 
-def _take_pending(code: types.CodeType, cache_dir: str | None) -> list[tuple[ProgramBuilder, str, str]]:
-    """The program slots waiting for this resume code, for the cache its graphs went to
-    (one function compiled by two backends has one resume code, compiled once per backend)."""
-    entry = _pending.get(id(code))
-    if entry is None or entry[0] is not code:
-        return []
-    mine = [p for p in entry[1] if cache_dir is None or p[0].cache_dir == cache_dir]
-    rest = [p for p in entry[1] if not (cache_dir is None or p[0].cache_dir == cache_dir)]
-    if rest:
-        _pending[id(code)] = (code, rest)
-    else:
-        del _pending[id(code)]
-    return mine
+def _dynamo_globals(out_code: types.CodeType, output: Any) -> list[str]:
+    """Globals Dynamo installed that the transformed code or the guards refer to."""
+    installed = set(getattr(output, "installed_globals", ()) or ())
+    referenced = _names(out_code)
+    for guard in output.guards or ():
+        referenced.update(re.findall(r"G\[['\"]([A-Za-z_][A-Za-z0-9_]*)['\"]\]", guard.name or ""))
+    return sorted(n for n in referenced if n in installed or n.startswith(DYNAMO_PREFIXES) or _BY_ID.search(n))
 
 
 def _record(code: types.CodeType, out_code: types.CodeType) -> None:
     global generation
     generation += 1
-    output, frame_locals = _find_compile_context(code)
+    output = _find_output(code)
     if output is None:
         return
     scope = output.global_scope
-    names = sorted(n for n in _names(out_code) if n.startswith(DYNAMO_PREFIXES))
-    graphs = {n: _our_graph(scope.get(n)) for n in names if n.startswith("__compiled_fn")}
+    names = _dynamo_globals(out_code, output)
+    graphs = {n: _our_graph(scope.get(n)) for n in names if n.startswith("__compiled_fn") and n in scope}
     if any(g is None for g in graphs.values()):
-        _pending.pop(id(code), None)
         return  # another backend's graph: not ours to replay
-    first = next(iter(graphs.values()), None)
-    waiting = _take_pending(code, first.options.cache_dir if first is not None and first.options else None)
-    if not graphs and not waiting:
-        return
-    uncached = [n for n, g in graphs.items() if not g.cached]
-    if waiting:
-        for builder, slot_frame, slot_name in waiting:
-            fid = _add_frame(builder, code, out_code, scope, names, graphs, output)
-            builder.frames[slot_frame]["globals"][slot_name] = {"kind": "resume", "frame": fid}
-            if uncached:
-                builder.unsupported = f"graph in resume frame {code.co_name} is not cacheable"
+    owners = _resume_owners.get(id(code))
+    if owners is not None and owners[0] is code:
+        first = next(iter(graphs.values()), None)
+        for builder, origin, receiver in list(owners[1]):
+            if first is not None and first.options is not None and first.options.cache_dir != builder.cache_dir:
+                continue  # this compile of the resume code belongs to another backend's cache
+            fid = _add_frame(builder, code, out_code, output, names, graphs, receiver, resume_of=origin)
+            group = builder.resumes[origin]
+            if fid not in group["frames"]:
+                group["frames"].append(fid)
             builder.publish()
         return
-    if code.co_name.startswith(RESUME_PREFIX):
-        return  # a resume function nobody waits for (e.g. recompiled alone): never replayed as a root
+    if not graphs or code.co_name.startswith(RESUME_PREFIX):
+        return  # nothing of ours, or a resume function nobody waits for
+    first = next(iter(graphs.values()))
     options = first.options
     if options is None:
         return
-    identity = function_identity(code, scope.get("__name__"))
+    local_scope = getattr(output, "local_scope", None) or {}
+    receiver = receiver_ref(code, local_scope)
+    bound = receiver_value(receiver, local_scope)
+    identity = function_identity(code, scope.get("__name__"), type_path(bound))
     fingerprint = code_codec.code_fingerprint(code)
-    key = program_key(identity, fingerprint, first.compiler)
+    key = program_key(identity, fingerprint, first.compiler, options)
     builder = _builders.get((options.cache_dir, key))
     if builder is None:
         builder = ProgramBuilder(key, identity, options.cache_dir, first.compiler, fingerprint)
         _builders[(options.cache_dir, key)] = builder
-    if uncached:
-        builder.unsupported = "a graph of this function is not cacheable (needs autograd or the compiler declined)"
-    fid = _add_frame(builder, code, out_code, scope, names, graphs, output)
-    arg_names = list(code.co_varnames[: code.co_argcount + code.co_kwonlyargcount])
-    values = tuple((frame_locals or {}).get(n) for n in arg_names)
-    is_method = bool(arg_names) and arg_names[0] == "self"
-    if is_method and builder.tensor_state is None:
-        builder.tensor_state = tensor_state(values[0])
-    static_dims: dict[str, list[Any]] = {}
-    for g in graphs.values():
-        static_dims.update(g.input_dims)
-    import torch
-
-    builder.identity["is_method"] = is_method
-    builder.identity["varargs"] = bool(code.co_flags & (0x04 | 0x08))
-    skip = 1 if is_method else 0  # the replayed function gets ``self`` bound, not checked
-    builder.variants.append(
-        {
-            "root": fid,
-            "grad_enabled": torch.is_grad_enabled(),
-            "arg_names": arg_names[skip:],
-            "signature": describe_args(arg_names[skip:], values[skip:], static_dims),
-        }
-    )
+    fid = _add_frame(builder, code, out_code, output, names, graphs, receiver, resume_of=None)
+    if all(v["root"] != fid for v in builder.variants):
+        builder.variants.append(
+            {"root": fid, "tensor_state": tensor_state(bound), "created": round(time.time(), 3)}
+        )
     builder.publish()
+
+
+def _digest(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _sanitize(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_]", "_", text)[:40]
+
+
+def _resume_code(value: Any) -> tuple[types.CodeType | None, bool]:
+    """The original resume code behind a Dynamo resume global: the function itself,
+    or (for frames with free variables) the factory that makes it from cells."""
+    if not isinstance(value, types.FunctionType):
+        return None, False
+    if value.__code__.co_name.startswith(RESUME_PREFIX):
+        return value.__code__, False
+    cells = dict(zip(value.__code__.co_freevars, value.__closure__ or (), strict=False))
+    inner = cells.get("code")
+    if inner is not None and isinstance(inner.cell_contents, types.CodeType):
+        return inner.cell_contents, True
+    return None, False
+
+
+def _describe_global(
+    builder: ProgramBuilder, name: str, value: Any, graphs: dict[str, CachedGraph], receiver: str | None
+) -> tuple[str, dict[str, Any]]:
+    """(our name, descriptor) for one Dynamo-installed global."""
+    if name in graphs:
+        g = graphs[name]
+        return f"___tcb_graph_{g.key[:24]}", {"kind": "graph", "key": g.key, "compiler": g.compiler}
+    if value is builtins.__dict__ or name.startswith("__builtins_dict__"):
+        return "___tcb_builtins", {"kind": "builtins"}
+    if isinstance(value, types.ModuleType):
+        return f"___tcb_mod_{_sanitize(value.__name__)}_{_digest(value.__name__)[:8]}", {"kind": "module", "name": value.__name__}
+    resume, factory = _resume_code(value)
+    if resume is not None:
+        origin = code_codec.code_fingerprint(resume)[:24]
+        if origin not in builder.resumes:
+            blob = f"resume-{origin}.code"
+            builder.files[blob] = code_codec.dumps_code(resume)
+            builder.resumes[origin] = {"code": blob, "name": resume.co_name, "factory": factory, "frames": []}
+        owners = _resume_owners.setdefault(id(resume), (resume, []))
+        if owners[0] is resume and all(b is not builder or o != origin for b, o, _ in owners[1]):
+            owners[1].append((builder, origin, receiver if _receiver_passed(receiver, resume) else None))
+        return f"___tcb_resume_{origin}", {"kind": "resume", "origin": origin, "factory": factory}
+    desc = {"kind": "value", "value": code_codec.encode_value(value)}
+    return f"___tcb_val_{_digest(desc)[:24]}", desc
+
+
+def _receiver_passed(receiver: str | None, resume: types.CodeType) -> bool:
+    """Whether a resume function receives the root's receiver under the same name."""
+    if receiver is None:
+        return False
+    name = receiver.split("'")[1]
+    return name in resume.co_varnames[: resume.co_argcount]
+
+
+def _rename_code(code: types.CodeType, rename: dict[str, str]) -> types.CodeType:
+    consts = tuple(_rename_code(c, rename) if isinstance(c, types.CodeType) else c for c in code.co_consts)
+    return code.replace(co_names=tuple(rename.get(n, n) for n in code.co_names), co_consts=consts)
 
 
 def _add_frame(
     builder: ProgramBuilder,
     code: types.CodeType,
     out_code: types.CodeType,
-    scope: dict[str, Any],
-    names: list[str],
-    graphs: dict[str, Any],
     output: Any,
+    names: list[str],
+    graphs: dict[str, CachedGraph],
+    receiver: str | None,
+    resume_of: str | None,
 ) -> str:
-    fid = builder.new_frame_id()
-    blob = f"{fid}.code"
-    builder.files[blob] = code_codec.dumps_code(out_code)
-    traced = list(getattr(output, "traced_code", []) or []) + [code]
-    for item in describe_traced(traced, code.co_filename, scope.get("__name__")):
-        builder.traced.setdefault(f"{item['file']}:{item['qualname']}", item)
+    scope = output.global_scope
+    unsupported: list[str] = []
+    rename: dict[str, str] = {}
     descs: dict[str, Any] = {}
+    values: dict[str, Any] = {}
     for name in names:
         value = scope.get(name)
-        if name in graphs:
-            descs[name] = {"kind": "graph", "key": graphs[name].key, "compiler": graphs[name].compiler}
-        elif name.startswith("__builtins_dict__"):
-            descs[name] = {"kind": "builtins"}
-        elif isinstance(value, types.ModuleType):
-            descs[name] = {"kind": "module", "name": value.__name__}
-        elif name.startswith("__resume_at_") and isinstance(value, types.FunctionType):
-            orig_blob = f"{fid}.{name}.orig.code"
-            builder.files[orig_blob] = code_codec.dumps_code(value.__code__)
-            descs[name] = {"kind": "resume_eager", "code": orig_blob, "name": value.__name__}
-            if value.__closure__:
-                builder.unsupported = f"resume function {name} has a closure"
-            entry = _pending.setdefault(id(value.__code__), (value.__code__, []))
-            entry[1].append((builder, fid, name))
-        else:
-            try:
-                descs[name] = {"kind": "value", "value": code_codec.encode_value(value)}
-            except Exception as exc:
-                builder.unsupported = f"Dynamo global {name}={value!r} cannot be saved: {exc}"
-    builder.frames[fid] = {"code": blob, "co_name": out_code.co_name, "globals": descs}
+        try:
+            new, desc = _describe_global(builder, name, value, graphs, receiver)
+        except code_codec.CodecError as exc:
+            unsupported.append(f"Dynamo global {name} cannot be saved: {exc}")
+            continue
+        rename[name] = new
+        descs[new] = desc
+        values[new] = value
+    uncached = [n for n, g in graphs.items() if not g.cached]
+    if uncached:
+        unsupported.append("a graph of this frame is not cacheable (needs autograd, or the compiler declined)")
+    # torchair compiles a tensor's dim gears (set_dim_gears) into the graph: another setting is another graph
+    attrs = _TORCHAIR_TENSOR_ATTRS if any(g.compiler == "torchair" for g in graphs.values()) else ()
+    guards = capture_frame_guards(output, code, receiver, rename, values, resume=resume_of is not None,
+                                  tensor_attrs=attrs)
+    if guards.unsupported:
+        unsupported.append(guards.unsupported)
+    traced = describe_traced(list(getattr(output, "traced_code", []) or []) + [code], code.co_filename,
+                             scope.get("__name__"))
+    traced = [t for t in traced if t.get("fingerprint") not in guards.fingerprints]
+    for item in traced:
+        if "fingerprint" in item and not fresh_by_name(item):
+            unsupported.append(
+                f"{item['qualname']} ({item['file']}) was traced but cannot be found again by name to check it for "
+                "edits (define it at module or class level)"
+            )
+    renamed = _rename_code(out_code, rename)
+    code_blob = code_codec.dumps_code(renamed)
+    frame = {
+        "co_name": out_code.co_name,
+        "globals": descs,
+        "resume_of": resume_of,
+        "traced": traced,
+        "unsupported": "; ".join(unsupported) or None,
+    }
+    fid = _digest([code_codec.code_fingerprint(renamed), descs, resume_of, traced, guards.digest, guards.consts,
+                   frame["unsupported"]])[:20]
+    builder.files[f"{fid}.code"] = code_blob
+    guards_blob = None
+    if guards.blob is not None:
+        guards_blob = f"{fid}.guards"
+        builder.files[guards_blob] = guards.blob
+    frame["code"] = f"{fid}.code"
+    frame["guards"] = guards.json(guards_blob)
+    builder.frames[fid] = frame
+    if frame["unsupported"]:
+        log.info("npu_cached: frame %s of %s will not be replayed: %s", out_code.co_name,
+                 builder.identity["qualname"], frame["unsupported"])
     return fid

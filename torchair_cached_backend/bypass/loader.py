@@ -1,29 +1,39 @@
 """The guard-bypass loader: rebuild a function from its saved program and graphs.
 
-No tracing, no guards, no compile: Dynamo's transformed bytecode is turned back
-into a function bound to the live module's globals (so parameters and buffers
-are read from the live module on every call), the compiled graphs are loaded
-from the graph store under the names the bytecode calls, and a cheap input
-check stands in for the guards.
+No tracing, no compile: Dynamo's transformed bytecode is turned back into a
+function bound to the live module's globals (so parameters and buffers are
+read from the live module on every call), the compiled graphs are loaded from
+the graph store under the names the bytecode calls, and the frame's recorded
+guards stand in for Dynamo's:
+
+* at load, the guards on globals, closure cells and the bound receiver (its
+  attributes, submodules, config objects, parameters' metadata) are evaluated
+  once; a variant whose guards fail is never replayed, and the log names the
+  value that changed (``self.scale: 2.0 -> 3.0``);
+* per call, the guards that depend on the arguments or can change between
+  calls (tensor metadata, shape relations, non-tensor argument values, grad
+  mode, autocast, default dtype, ``training`` flags) select the variant; when
+  none matches, the call is compiled by Dynamo (the program then gains that
+  variant) - never a stale variant, never a crash inside a kernel.
 """
 
 from __future__ import annotations
 
 import builtins
-import importlib
 import time
 import types
 from collections.abc import Callable
 from typing import Any
 
+from .. import code_codec
 from ..compilers import get_compiler
-from ..logs import log
+from ..logs import log, warn_once
 from ..options import BackendOptions, parse_options
-from ..stats import record
-from ..store import Store
-from . import code_codec
-from .program import function_identity, program_key, program_store
-from .signature import InputSignatureError, SignatureCheck
+from ..stats import record, record_fallback
+from .dynamo_stub import module_for
+from .guard_runtime import CHECKS_FORMAT, GuardChecks, build_checks, receiver_locals
+from .program import PROGRAM_FORMAT, function_identity, program_key, program_store, type_path
+from .replay import ReplayedFunction, ResumeDispatch, ResumeFactory, Variant, always
 from .sources import stale_sources, tensor_state, tensor_state_difference
 
 
@@ -31,8 +41,13 @@ class CacheMiss(LookupError):
     """No usable program for this function; the message says why."""
 
 
+class _Rejected(Exception):
+    """One variant cannot be replayed here; the message says why."""
+
+
 def resolve_target(target: Any) -> tuple[types.FunctionType, Any]:
-    """(plain function, bound self or None) for a module, bound method or function."""
+    """(plain function, bound receiver or None) for a module, bound method (incl.
+    classmethods: the receiver is the class) or function."""
     import torch
 
     if isinstance(target, torch.nn.Module):
@@ -52,135 +67,74 @@ def resolve_target(target: Any) -> tuple[types.FunctionType, Any]:
     )
 
 
-class ReplayedFunction:
-    """A function replayed from cache; calls it with the input check in front.
-
-    Calls are bound like the original function's (keywords, defaults, keyword-only
-    arguments) to the full argument list the signature was recorded for."""
-
-    def __init__(
-        self,
-        variants: list[tuple[SignatureCheck, Callable[..., Any]]],
-        bound_self: Any,
-        arg_names: list[str],
-        check_inputs: bool,
-        qualname: str,
-        func: types.FunctionType | None = None,
-    ) -> None:
-        self._variants = variants
-        self._self = bound_self
-        self._arg_names = arg_names
-        self._check = check_inputs
-        self.__qualname__ = self.__name__ = qualname
-        prefix = () if bound_self is None else (bound_self,)
-        self._prefix = prefix
-        self._fn0 = variants[0][1]
-        n_self = len(prefix)
-        code = func.__code__ if func is not None else None
-        self._n_pos = (code.co_argcount - n_self) if code is not None else len(arg_names)
-        self._pos_names = arg_names[: self._n_pos]
-        self._kwonly = arg_names[self._n_pos :]
-        defaults = (func.__defaults__ or ()) if func is not None else ()
-        pos_all = list(code.co_varnames[: code.co_argcount]) if code is not None else []
-        self._defaults = dict(zip(pos_all[len(pos_all) - len(defaults) :], defaults, strict=True)) if defaults else {}
-        self._kwdefaults = dict((func.__kwdefaults__ or {}) if func is not None else {})
-        self._simple = not self._kwonly and not self._defaults
-
-    def _bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
-        """The values of every recorded argument, in order, as the original would bind them."""
-        if len(args) > self._n_pos:
-            raise InputSignatureError(
-                f"{self.__qualname__}() takes {self._n_pos} positional arguments but {len(args)} were given"
-            )
-        kwargs = dict(kwargs)
-        values = list(args)
-        for name in self._pos_names[len(args) :]:
-            if name in kwargs:
-                values.append(kwargs.pop(name))
-            elif name in self._defaults:
-                values.append(self._defaults[name])
-            else:
-                raise InputSignatureError(f"{self.__qualname__}() missing required argument {name!r}")
-        for name in self._kwonly:
-            if name in kwargs:
-                values.append(kwargs.pop(name))
-            elif name in self._kwdefaults:
-                values.append(self._kwdefaults[name])
-            else:
-                raise InputSignatureError(f"{self.__qualname__}() missing required keyword-only argument {name!r}")
-        if kwargs:
-            raise InputSignatureError(f"{self.__qualname__}() got unexpected keyword arguments {sorted(kwargs)}")
-        return tuple(values)
-
-    def _invoke(self, fn: Callable[..., Any], values: tuple[Any, ...]) -> Any:
-        if not self._kwonly:
-            return fn(*self._prefix, *values)
-        n = self._n_pos
-        return fn(*self._prefix, *values[:n], **dict(zip(self._kwonly, values[n:], strict=False)))
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if kwargs or not self._simple or len(args) != self._n_pos:
-            args = self._bind(args, kwargs)
-        if not self._check:
-            return self._invoke(self._fn0, args)
-        first_error = None
-        for check, fn in self._variants:
-            error = check.mismatch(args)
-            if error is None:
-                check.check_grad()
-                return self._invoke(fn, args)
-            first_error = first_error or error
-        raise InputSignatureError(
-            f"{self.__qualname__}: {first_error}. The cache holds a graph for other inputs; "
-            "clear the cache entry, or compile with dynamic=True, to serve these inputs"
-        )
-
-
-def build_replay(target: Any, options: BackendOptions) -> ReplayedFunction:
+def build_replay(
+    target: Any, options: BackendOptions, fallback: Callable[[], Callable[..., Any]] | None = None
+) -> ReplayedFunction:
     """Rebuild ``target`` from the cache or raise :class:`CacheMiss` saying why."""
     t0 = time.perf_counter()
     func, bound_self = resolve_target(target)
     code = func.__code__
     compiler_name = options.resolved_compiler()
-    identity = function_identity(code, func.__globals__.get("__name__"))
-    key = program_key(identity, code_codec.code_fingerprint(code), compiler_name)
+    identity = function_identity(code, func.__globals__.get("__name__"), type_path(bound_self))
+    name = getattr(func, "__qualname__", None) or identity["qualname"]  # a decorated forward keeps its own name
+    key = program_key(identity, code_codec.code_fingerprint(code), compiler_name, options)
     store = program_store(options.cache_dir)
     entry = store.load(key)
     if entry is None:
-        raise CacheMiss(_why_missing(store, identity, key, code, compiler_name, options.cache_dir))
-    program = entry.manifest["program"]
-    if program.get("function", {}).get("varargs"):
-        raise CacheMiss(f"{identity['qualname']} takes *args/**kwargs: its replay is not supported, it is compiled instead")
-    if program.get("unsupported"):
-        raise CacheMiss(f"cached program for {identity['qualname']} cannot be replayed: {program['unsupported']}")
-    stale = stale_sources(program.get("traced", []))
-    if stale:
-        store.remove(key)
-        raise CacheMiss(f"cached program for {identity['qualname']} is stale ({'; '.join(stale)}); rebuilding")
-    if program.get("tensor_state") is not None and bound_self is not None:
-        diffs = tensor_state_difference(program["tensor_state"], tensor_state(bound_self) or {})
-        if diffs:
-            store.remove(key)
-            raise CacheMiss(
-                f"parameters/buffers of {type(bound_self).__qualname__} changed since caching ({'; '.join(diffs[:5])}); rebuilding"
-            )
-    scope = func.__globals__
-    builder = _FrameBuilder(entry.files, program["frames"], scope, options, func)
-    variants = []
-    for variant in program["variants"]:
-        fn = builder.function(variant["root"], root=True)
-        variants.append((SignatureCheck(variant["signature"], variant["grad_enabled"]), fn))
+        raise CacheMiss(_why_missing(store, identity, key, code, compiler_name, options.cache_dir, name))
+    program = entry.manifest.get("program") or {}
+    if program.get("format") != PROGRAM_FORMAT:
+        raise CacheMiss(f"cached program for {name} has another format (written by another version)")
+    if options.guards == "none":
+        warn_once("guards-none", "npu_cached: guards='none': warm starts replay without checking what Dynamo "
+                  "specialized on (torchair's behaviour); a changed model or input is not detected")
+    builder = _ReplayBuilder(entry.files, program, options, func, bound_self)
+    variants: list[Variant] = []
+    rejected: list[str] = []
+    for variant in reversed(program.get("variants", [])):  # newest first, as Dynamo's cache
+        try:
+            variants.append(builder.variant(variant))
+        except _Rejected as exc:
+            rejected.append(str(exc))
     if not variants:
-        raise CacheMiss(f"cached program for {identity['qualname']} has no variant")
-    arg_names = program["variants"][0].get("arg_names", [])
-    replay = ReplayedFunction(variants, bound_self, arg_names, options.check_inputs, identity["qualname"], func)
+        why = " | ".join(list(dict.fromkeys(rejected))[:2]) or "it has no variant"
+        if len(rejected) > 2:
+            why += f" | ({len(rejected) - 2} more variant(s) rejected)"
+        raise CacheMiss(f"cached program for {name} does not fit: {why}")
+    for reason in dict.fromkeys(rejected):
+        log.info("npu_cached: %s: a cached variant is not used here: %s", name, reason)
+    if options.guards == "none" or not options.check_inputs:
+        variants = [Variant(always, variants[0].fn, None)]
+    if fallback is None:
+        fallback = _torch_compile_fallback(target, options)
+    import torch
+
+    module = bound_self if isinstance(bound_self, torch.nn.Module) and func is type(bound_self).forward else None
+    if module is not None and not isinstance(target, torch.nn.Module):
+        module = None
+    replay = ReplayedFunction(variants, bound_self, name, fallback, module)
     dt = time.perf_counter() - t0
     record(bypass_loads=1, load_seconds=dt)
-    log.info("npu_cached bypass load %s (%s, %d variant(s)) in %.3fs", identity["qualname"], compiler_name, len(variants), dt)
+    log.info("npu_cached bypass load %s (%s, %d of %d variant(s)) in %.3fs", name, compiler_name,
+             len(variants), len(program.get("variants", [])), dt)
     return replay
 
 
-def _why_missing(store: Any, identity: dict[str, Any], key: str, code: types.CodeType, compiler: str, cache_dir: str) -> str:
+def _torch_compile_fallback(target: Any, options: BackendOptions) -> Callable[[], Callable[..., Any]]:
+    def make() -> Callable[..., Any]:
+        import torch
+
+        from ..backend import make_backend
+
+        kwargs = {k: v for k, v in options.as_dict().items() if v is not None}
+        return torch.compile(target, backend=make_backend(**kwargs), dynamic=options.dynamic)
+
+    return make
+
+
+def _why_missing(
+    store: Any, identity: dict[str, Any], key: str, code: types.CodeType, compiler: str, cache_dir: str, name: str
+) -> str:
     """Explain a program miss: an entry for an *edited* version of the function is
     stale (removed here, so it is never replayed), else nothing was cached."""
     fingerprint = code_codec.code_fingerprint(code)
@@ -194,9 +148,9 @@ def _why_missing(store: Any, identity: dict[str, Any], key: str, code: types.Cod
             continue
         program = manifest.get("program") or {}
         function = program.get("function") or {}
-        if (function.get("module"), function.get("qualname")) != (identity["module"], identity["qualname"]):
-            continue
-        if program.get("compiler") == compiler and program.get("fingerprint") not in (None, fingerprint):
+        same = (function.get("module"), function.get("qualname"), function.get("receiver_type")) == (
+            identity["module"], identity["qualname"], identity.get("receiver_type"))
+        if same and program.get("compiler") == compiler and program.get("fingerprint") not in (None, fingerprint):
             edited.append(other)
     for other in edited:
         try:
@@ -204,135 +158,186 @@ def _why_missing(store: Any, identity: dict[str, Any], key: str, code: types.Cod
         except Exception:  # only tidying: the key differs, so the entry can never be replayed anyway
             pass
     if edited:
-        return (
-            f"cached program for {identity['qualname']} is stale ({identity['qualname']} was edited since it was "
-            f"cached); rebuilding"
-        )
-    return f"no cached program for {identity['qualname']} (compiler {compiler}) in {cache_dir}"
+        return f"cached program for {name} is stale ({name} was edited since it was cached); rebuilding"
+    return f"no cached program for {name} (compiler {compiler}) in {cache_dir}"
 
 
-class _LightDynamoUtils:
-    """Stands in for ``torch._dynamo.utils`` in replayed bytecode.
-
-    Transformed code calls a few trivial helpers from it (sizes and strides of
-    dynamic inputs, runtime-overhead timers); importing Dynamo for them would
-    cost a second at start. Anything else is delegated to the real module.
-    """
-
-    __name__ = "torch._dynamo.utils"
-
-    @staticmethod
-    def call_size(x: Any, i: int) -> int:
-        return x.size(i)
-
-    @staticmethod
-    def call_stride(x: Any, i: int) -> int:
-        return x.stride(i)
-
-    @staticmethod
-    def call_storage_offset(x: Any) -> int:
-        return x.storage_offset()
-
-    @staticmethod
-    def record_pregraph_bytecode_enter() -> None:
-        return None
-
-    # Rebuilding user objects the graph returns (dataclasses, plain classes) goes
-    # through these: write straight into the instance ``__dict__``, bypassing
-    # ``__setattr__`` (frozen dataclasses) exactly as a fresh ``__init__`` would.
-    @staticmethod
-    def object_setattr_ignore_descriptor(obj: Any, name: str, value: Any) -> None:
-        _instance_dict(obj)[name] = value
-
-    @staticmethod
-    def object_delattr_ignore_descriptor(obj: Any, name: str) -> None:
-        del _instance_dict(obj)[name]
-
-    object_new = staticmethod(object.__new__)
-    dict_getitem = staticmethod(dict.__getitem__)
-    list_getitem = staticmethod(list.__getitem__)
-
-    @staticmethod
-    def record_pregraph_bytecode_exit(cm: Any) -> None:
-        return None
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(importlib.import_module("torch._dynamo.utils"), name)
-
-
-def _instance_dict(obj: Any) -> dict[str, Any]:
-    import threading
-
-    try:
-        return object.__getattribute__(obj, "__dict__")
-    except AttributeError:
-        if isinstance(obj, threading.local):  # its per-thread dict is not visible to object's getattr
-            return threading.local.__getattribute__(obj, "__dict__")
-        raise
-
-
-def _module(name: str) -> Any:
-    import sys
-
-    if name == "torch._dynamo.utils" and name not in sys.modules:
-        return _LightDynamoUtils()
-    return importlib.import_module(name)
-
-
-class _FrameBuilder:
-    """Builds frame functions, installing what their bytecode reads from globals."""
+class _ReplayBuilder:
+    """Builds the variants of one program: checks, frame functions, graphs."""
 
     def __init__(
-        self, files: dict[str, bytes], frames: dict[str, Any], scope: dict[str, Any], options: BackendOptions, func: Any
+        self, files: dict[str, bytes], program: dict[str, Any], options: BackendOptions, func: Any, bound_self: Any
     ) -> None:
+        from ..backend import graph_store
+
         self.files = files
-        self.frames = frames
-        self.scope = scope
+        self.program = program
+        self.frames: dict[str, Any] = program.get("frames", {})
+        self.scope: dict[str, Any] = func.__globals__
         self.options = options
         self.func = func
-        self.built: dict[str, Callable[..., Any]] = {}
-        self.graph_store = Store(options.cache_dir, "graphs")
+        self.bound_self = bound_self
+        self.graph_store = graph_store(options)
+        self.values: dict[str, Any] = {}  # our global name -> value (installed into scope once all checks pass)
+        self.context: dict[str, dict[str, Any]] = {}
+        self.consts: dict[str, Any] = {}  # decoded guard constants, shared by the program's frames
 
-    def function(self, fid: str, root: bool = False) -> Callable[..., Any]:
-        if fid in self.built:
-            return self.built[fid]
-        frame = self.frames[fid]
-        for name, desc in frame["globals"].items():
-            self.scope[name] = self._value(desc)
+    # -- variants -------------------------------------------------------
+    def variant(self, variant: dict[str, Any]) -> Variant:
+        fid = variant["root"]
+        frame = self.frames.get(fid)
+        if frame is None:
+            raise _Rejected(f"frame {fid} is missing from the program")
+        self._frame_usable(frame)
+        if self.bound_self is not None and variant.get("tensor_state") is not None:
+            diffs = tensor_state_difference(variant["tensor_state"], tensor_state(self.bound_self) or {})
+            if diffs:
+                raise _Rejected(f"parameters/buffers changed ({'; '.join(diffs[:3])})")
+        checks = self._checks(frame, resume=False)
+        pending = self._globals(frame)  # also builds resume groups and loads graphs
+        for name, value in pending.items():
+            self.scope[name] = value
         code = code_codec.loads_code(self.files[frame["code"]])
-        if root:
-            fn = types.FunctionType(code, self.scope, code.co_name, self.func.__defaults__, self.func.__closure__)
-            fn.__kwdefaults__ = self.func.__kwdefaults__
-        else:
-            fn = types.FunctionType(code, self.scope, code.co_name)
-        self.built[fid] = fn
-        return fn
+        fn = types.FunctionType(code, self.scope, code.co_name, self.func.__defaults__, self.func.__closure__)
+        fn.__kwdefaults__ = self.func.__kwdefaults__
+        if checks is None:
+            return Variant(always, fn, None)
+        return Variant(self._per_call(checks), fn, checks)
 
-    def _value(self, desc: dict[str, Any]) -> Any:
+    def _fixed(self, checks: GuardChecks) -> bool:
+        """Whether the frame's receiver is fixed for the replay's lifetime (or it has none):
+        then its guards and the globals' are checked once at load, the rest per call."""
+        return checks.receiver is None or self.bound_self is not None
+
+    def _per_call(self, checks: GuardChecks) -> Callable[..., bool]:
+        return checks.call if self._fixed(checks) and self.options.guards != "call" else checks.full
+
+    def _frame_usable(self, frame: dict[str, Any]) -> None:
+        if frame.get("unsupported"):
+            raise _Rejected(f"it was not replayable when captured: {frame['unsupported']}")
+        stale = stale_sources(frame.get("traced", []))
+        if stale:
+            raise _Rejected(f"code changed since caching ({'; '.join(stale[:3])})")
+
+    def _checks(self, frame: dict[str, Any], resume: bool) -> GuardChecks | None:
+        """The frame's checks; load-time guards evaluated now (a failure rejects it)."""
+        guards = frame.get("guards") or {}
+        if self.options.guards == "none":
+            return None
+        if guards.get("format") != CHECKS_FORMAT or not guards.get("code"):
+            raise _Rejected("its guards were not recorded by this version")
+        receiver = guards.get("receiver")
+        bound = self.bound_self is not None and receiver is not None
+        fixed = receiver is None or bound
+        for name, desc in frame.get("globals", {}).items():  # guards may read Dynamo's (renamed) globals
+            if desc["kind"] in ("module", "builtins", "value") and name not in self.scope:
+                self.scope[name] = self._light_value(desc)
+        try:
+            checks = build_checks(self.files[guards["code"]], guards.get("consts", []), guards.get("meta", []),
+                                  self.scope, receiver, self.bound_self if resume and bound else None, self.consts)
+        except code_codec.CodecError as exc:
+            raise _Rejected(f"a value its guards compare with cannot be rebuilt here: {exc}") from exc
+        kwdefaults = dict(self.func.__kwdefaults__ or {}) if not resume else {}
+        if guards.get("uses_cells") and not resume:
+            kwdefaults["___cells"] = self.func.__closure__ or ()
+        if not resume:
+            checks.set_defaults(self.func.__defaults__, kwdefaults)
+        if fixed:
+            local = receiver_locals(receiver, self.bound_self) if bound else {}
+            if not resume and self.func.__closure__:
+                for name, cell in zip(self.func.__code__.co_freevars, self.func.__closure__, strict=False):
+                    try:
+                        local[name] = cell.cell_contents
+                    except ValueError:  # an empty cell
+                        continue
+            failed = checks.load_failures(local)
+            if failed:
+                raise _Rejected("what it was specialized on changed: " + "; ".join(failed[:3]))
+        return checks
+
+    def _light_value(self, desc: dict[str, Any]) -> Any:
         kind = desc["kind"]
-        if kind == "graph":
-            return self._graph(desc["key"], desc["compiler"])
         if kind == "module":
-            return _module(desc["name"])
+            return module_for(desc["name"])
         if kind == "builtins":
             return builtins.__dict__
-        if kind == "resume":
-            return self.function(desc["frame"])
-        if kind == "resume_eager":
-            code = code_codec.loads_code(self.files[desc["code"]])
-            log.info("npu_cached: resume function %s was never compiled at capture; it runs eagerly", desc["name"])
-            return types.FunctionType(code, self.scope, desc["name"])
-        if kind == "value":
-            return code_codec.decode_value(desc["value"])
-        raise CacheMiss(f"unknown global kind {kind!r} in cached program (written by a newer version?)")
+        return code_codec.decode_value(desc["value"])
 
+    def _globals(self, frame: dict[str, Any]) -> dict[str, Any]:
+        out = {}
+        for name, desc in frame.get("globals", {}).items():
+            if name in self.values:
+                out[name] = self.values[name]
+                continue
+            kind = desc["kind"]
+            if kind == "graph":
+                value: Any = self._graph(desc["key"], desc["compiler"])
+            elif kind == "resume":
+                value = self._resume(desc["origin"])
+            elif kind in ("module", "builtins", "value"):
+                value = self._light_value(desc)
+            else:
+                raise _Rejected(f"unknown global kind {kind!r} (written by a newer version?)")
+            self.values[name] = value
+            out[name] = value
+        return out
+
+    # -- resume groups --------------------------------------------------
+    def _resume(self, origin: str) -> Any:
+        group = self.program.get("resumes", {}).get(origin)
+        if group is None:
+            raise _Rejected(f"resume function {origin} is missing from the program")
+        eager = code_codec.loads_code(self.files[group["code"]])
+        variants: list[tuple[Callable[..., bool], types.CodeType]] = []
+        for fid in group.get("frames", []):
+            frame = self.frames.get(fid)
+            try:
+                if frame is None:
+                    raise _Rejected("frame missing")
+                self._frame_usable(frame)
+                checks = self._checks(frame, resume=True)
+                for name, value in self._globals(frame).items():
+                    self.scope[name] = value
+            except _Rejected as exc:
+                log.info("npu_cached: a cached variant after a graph break (%s) is not used: %s", group["name"], exc)
+                continue
+            code = code_codec.loads_code(self.files[frame["code"]])
+            variants.append((always if checks is None else self._per_call(checks), code))
+        variants.reverse()  # newest first
+        if group.get("factory"):
+            return ResumeFactory(variants, eager, self.scope, group["name"])
+        return ResumeDispatch(variants, eager, self.scope, group["name"])
+
+    # -- graphs ---------------------------------------------------------
     def _graph(self, key: str, compiler_name: str) -> Callable[..., Any]:
         from ..backend import load_graph
 
-        graph = load_graph(self.graph_store, key, get_compiler(compiler_name), self.options)
+        compiler = get_compiler(compiler_name)
+        self._verify_context(key, compiler)
+        graph = load_graph(self.graph_store, key, compiler, self.options)
         if graph is None:
-            raise CacheMiss(f"graph {key[:12]} of the cached program is missing or broken")
+            raise _Rejected(f"graph {key[:12]} of the cached program is missing or broken")
         return graph.fn
+
+    def _verify_context(self, key: str, compiler: Any) -> None:
+        """The graph's key factors that do not depend on the graph (compiler settings,
+        thread count, deterministic mode, versions...) must equal this process's:
+        a factor in the key protects this route too."""
+        from .. import key as keys
+
+        context_factors = getattr(keys, "context_factors", None)
+        if context_factors is None:
+            return
+        if compiler.name not in self.context:
+            self.context[compiler.name] = context_factors(compiler, self.options)
+        expected = self.context[compiler.name]
+        manifest = self.graph_store.read_manifest(key) if self.graph_store.exists(key) else None
+        if manifest is None:
+            return  # load_graph reports the miss
+        stored = manifest.get("factors") or {}
+        diffs = keys.explain_difference({k: stored.get(k) for k in expected}, expected)
+        if diffs:
+            raise _Rejected(f"graph {key[:12]} was compiled under other settings ({'; '.join(diffs[:3])})")
 
 
 def load(
@@ -348,9 +353,10 @@ def load(
     written by ``torch.compile(..., backend="npu_cached")`` or :func:`cache_compile`.
 
     Returns a callable with the same arguments as ``target``. On a miss (nothing
-    cached, stale source, changed parameters) it logs why and, with
+    cached, changed code or specializations) it logs why and, with
     ``fallback=True``, returns ``torch.compile(target, backend="npu_cached")``
     so the cache is rebuilt; with ``fallback=False`` it raises :class:`CacheMiss`.
+    ``guards`` (option): ``"load"`` (default), ``"call"`` or ``"none"``.
     """
     opts = parse_options(dict(options, cache_dir=cache_dir, compiler=compiler, check_inputs=check_inputs))
     try:
@@ -358,10 +364,23 @@ def load(
     except CacheMiss as miss:
         if not fallback:
             raise
+        record_fallback(_reason_kind(str(miss)))
         log.info("npu_cached: %s; compiling instead", miss)
-    import torch
+    return _torch_compile_fallback(target, opts)()
 
-    from ..backend import make_backend
 
-    kwargs = dict(options, cache_dir=opts.cache_dir, compiler=compiler, check_inputs=check_inputs)
-    return torch.compile(target, backend=make_backend(**kwargs), dynamic=opts.dynamic)
+def _reason_kind(message: str) -> str:
+    """A short, countable reason for ``stats().fallback_reasons``."""
+    for needle, kind in (
+        ("no cached program", "nothing cached"),
+        ("was edited", "function edited"),
+        ("code changed", "traced code changed"),
+        ("specialized on changed", "guards failed at load"),
+        ("not replayable when captured", "not replayable"),
+        ("other settings", "compiled under other settings"),
+        ("parameters/buffers changed", "parameters changed"),
+        ("another format", "older cache format"),
+    ):
+        if needle in message:
+            return kind
+    return "other"

@@ -1,10 +1,23 @@
 """A *program*: what the guard-bypass loader replays for one function.
 
-It holds Dynamo's transformed bytecode for the function (one variant per
-recompile) and for its resume functions, what each Dynamo-installed global
-stands for (a cached graph by key, a module, builtins, a resume function), the
-input signature of each variant, and the staleness facts (traced sources,
-parameter/buffer shapes). Graph artifacts themselves live in the graph store.
+One program per (function, its code, receiver type, inner compiler, compiler
+options, versions). It holds:
+
+* ``frames``: Dynamo's transformed bytecode of each compiled frame (root frames
+  and resume frames after graph breaks), with Dynamo's numbered globals renamed
+  to content-derived ``___tcb_*`` names, what each of those stands for (a
+  cached graph by key, a module, builtins, a resume function, a value), the
+  frame's guards (see ``guard_capture``) and the fingerprints of the user code
+  it traced. Frame ids are content digests, so the same frame captured by two
+  processes is one frame.
+* ``variants``: root frames, each served when its guards hold (one per
+  recompile: shapes, grad mode, attribute values, instances...).
+* ``resumes``: per original resume function, its transformed variants and its
+  original code, which runs eagerly when no variant's guards hold.
+
+Programs grow by merging: a process that compiles a new variant adds it to
+what is on disk (under the entry's lock); nothing another process recorded is
+lost, and the oldest variants go beyond ``MAX_VARIANTS``.
 """
 
 from __future__ import annotations
@@ -17,21 +30,54 @@ from ..environment import environment_factors
 from ..store import Store
 
 PROGRAMS = "programs"
+#: bumped when the program layout changes; older programs are never replayed
+PROGRAM_FORMAT = 2
+#: as Dynamo's recompile limit: beyond this many variants the oldest are dropped
+MAX_VARIANTS = 16
 
 
-def function_identity(code: types.CodeType, module: str | None) -> dict[str, Any]:
-    return {"module": module, "qualname": getattr(code, "co_qualname", code.co_name), "name": code.co_name}
+def function_identity(code: types.CodeType, module: str | None, receiver_type: str | None = None) -> dict[str, Any]:
+    """What names the function across processes. A method's receiver type is part
+    of it: a decorator's wrapper (one code object for many models) is one
+    program per model class, not one shared by all."""
+    return {
+        "module": module,
+        "qualname": getattr(code, "co_qualname", code.co_name),
+        "name": code.co_name,
+        "receiver_type": receiver_type,
+    }
 
 
-def program_key(identity: dict[str, Any], root_fingerprint: str, compiler: str) -> str:
-    """Depends on the function, its own code, the inner compiler and the versions;
-    edits to *inlined* helpers are caught by the stored fingerprints instead."""
+def type_path(obj: Any) -> str | None:
+    if obj is None:
+        return None
+    cls = obj if isinstance(obj, type) else type(obj)
+    return f"{cls.__module__}.{cls.__qualname__}" + (":class" if isinstance(obj, type) else "")
+
+
+def options_factors(options: Any) -> dict[str, Any]:
+    """Compiler options that change what is compiled (so a ``load()`` without the
+    ``custom_decompositions`` a program was built with never replays it)."""
+    from ..torchair_config import normalized_config_snapshot
+
+    return {
+        "config": normalized_config_snapshot(options.config),
+        "ge_cache": bool(options.ge_cache),
+        "decompositions": keys.decomposition_factors(options.custom_decompositions),
+    }
+
+
+def program_key(identity: dict[str, Any], root_fingerprint: str, compiler: str, options: Any) -> str:
+    """Depends on the function, its own code, the receiver type, the inner compiler,
+    its options and the versions; edits to *inlined* helpers are caught by the
+    stored fingerprints and guards instead."""
     return keys.digest(
         {
-            "format": keys.FORMAT_VERSION,
-            "function": [identity["module"], identity["qualname"]],
+            "format": [keys.FORMAT_VERSION, PROGRAM_FORMAT],
+            "function": [identity["module"], identity["qualname"], identity.get("receiver_type")],
             "code": root_fingerprint,
             "compiler": compiler,
+            "options": options_factors(options),
             "environment": environment_factors(),
         }
     )
@@ -39,3 +85,48 @@ def program_key(identity: dict[str, Any], root_fingerprint: str, compiler: str) 
 
 def program_store(cache_dir: str) -> Store:
     return Store(cache_dir, PROGRAMS)
+
+
+def merge_programs(
+    old: dict[str, Any] | None, old_files: dict[str, bytes], new: dict[str, Any], new_files: dict[str, bytes]
+) -> tuple[dict[str, Any], dict[str, bytes]]:
+    """Union of two programs of one key: frames by id, variants by root frame (the
+    newest last, the oldest beyond MAX_VARIANTS dropped), resume variants per group."""
+    if not old or old.get("format") != PROGRAM_FORMAT:
+        merged = dict(new)
+        return _prune(merged, dict(new_files))
+    merged = dict(new)
+    merged["frames"] = {**old.get("frames", {}), **new.get("frames", {})}
+    # a variant already stored keeps its place and record, so re-capturing the same frames
+    # (every warm torch.compile process does) changes nothing and writes nothing
+    known = {v["root"] for v in old.get("variants", [])}
+    added = [v for v in new.get("variants", []) if v["root"] not in known]
+    merged["variants"] = (list(old.get("variants", [])) + added)[-MAX_VARIANTS:]
+    resumes = {k: dict(v, frames=list(v.get("frames", []))) for k, v in old.get("resumes", {}).items()}
+    for origin, group in new.get("resumes", {}).items():
+        mine = resumes.setdefault(origin, dict(group, frames=[]))
+        for fid in group.get("frames", []):
+            if fid not in mine["frames"]:
+                mine["frames"].append(fid)
+        mine["frames"] = mine["frames"][-MAX_VARIANTS:]
+    merged["resumes"] = resumes
+    return _prune(merged, {**old_files, **new_files})
+
+
+def _prune(program: dict[str, Any], files: dict[str, bytes]) -> tuple[dict[str, Any], dict[str, bytes]]:
+    """Drop frames (and their blobs) no variant or resume group refers to."""
+    used = {v["root"] for v in program.get("variants", [])}
+    for group in program.get("resumes", {}).values():
+        used.update(group.get("frames", []))
+    frames = {fid: f for fid, f in program.get("frames", {}).items() if fid in used}
+    program = dict(program, frames=frames)
+    keep = set()
+    for frame in frames.values():
+        keep.add(frame["code"])
+        guards = frame.get("guards") or {}
+        if guards.get("code"):
+            keep.add(guards["code"])
+    for group in program.get("resumes", {}).values():
+        if group.get("code"):
+            keep.add(group["code"])
+    return program, {name: data for name, data in files.items() if name in keep}

@@ -1,34 +1,94 @@
-"""Staleness checks that replace guards: the code Dynamo traced, and the module's tensors.
+"""Staleness checks beside the guards: the code Dynamo traced, and the module's tensors.
 
-At capture we fingerprint every user code object Dynamo traced or inlined
-(torch's own code is covered by the torch version in the key). At load we find
-the live code object again by file and qualified name and compare: an edited
+At capture we fingerprint every user code object Dynamo traced or inlined; code
+of installed libraries (site-packages, the standard library, torch itself) is
+recorded by its distribution's version instead, so a library upgrade rebuilds
+and an unchanged library costs nothing at load. At load we find the live user
+code object again by module and qualified name and compare: an edited
 ``forward`` or helper is a miss and a rebuild, never stale code replayed.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
+import sysconfig
 import types
 from typing import Any
 
-from .code_codec import code_fingerprint
-
-
-def _torch_dir() -> str:
-    import torch
-
-    return os.path.dirname(os.path.abspath(torch.__file__))
-
+from ..code_codec import code_fingerprint
 
 #: Dynamo names the code it generates for graph-break continuations this way
 RESUME_PREFIX = "torch_dynamo_resume_in"
 
 
+@functools.cache
+def _library_roots() -> tuple[str, ...]:
+    """Directories whose code belongs to installed packages, not to the user."""
+    import torch
+
+    roots = {os.path.dirname(os.path.abspath(torch.__file__))}
+    paths = sysconfig.get_paths()
+    for key in ("stdlib", "platstdlib", "purelib", "platlib"):
+        if paths.get(key):
+            roots.add(os.path.abspath(paths[key]))
+    for entry in sys.path:
+        if entry and os.path.basename(entry) in ("site-packages", "dist-packages"):
+            roots.add(os.path.abspath(entry))
+    return tuple(sorted(r + os.sep for r in roots))
+
+
+@functools.cache
+def is_library_file(filename: str) -> bool:
+    """Code in an installed package or the standard library (an editable install
+    of a package lives outside these roots and counts as user code)."""
+    if filename.startswith("<"):
+        return True  # frozen / generated code: covered by versions or by the guard on the object
+    path = os.path.abspath(filename)
+    return path.startswith(_library_roots())
+
+
 def _is_library_code(code: types.CodeType) -> bool:
-    filename = os.path.abspath(code.co_filename)
-    return filename.startswith(_torch_dir() + os.sep) or code.co_filename.startswith("<")
+    return is_library_file(code.co_filename)
+
+
+def _top_package(module_name: str | None) -> str | None:
+    return module_name.split(".", 1)[0] if module_name else None
+
+
+def _imported(name: str) -> Any:
+    """The module ``name``, imported if it is not yet (None if it cannot be)."""
+    module = sys.modules.get(name)
+    if module is None:
+        try:
+            import importlib
+
+            module = importlib.import_module(name)
+        except Exception:
+            return None
+    return module
+
+
+def library_version(package: str) -> str | None:
+    """The version of an importable top-level package, without importlib.metadata where possible."""
+    module = _imported(package)
+    if module is None:
+        return None
+    version = getattr(module, "__version__", None)
+    if isinstance(version, str):
+        return version
+    file = getattr(module, "__file__", None) or ""
+    if is_library_file(file) and os.path.abspath(file).startswith(tuple(
+        r for r in _library_roots() if "site-packages" in r or "dist-packages" in r
+    )):
+        try:
+            from importlib import metadata
+
+            return metadata.version(package)
+        except Exception:
+            return None
+    return f"python {sys.version_info[0]}.{sys.version_info[1]}"  # standard library
 
 
 def _is_generated(code: types.CodeType) -> bool:
@@ -38,9 +98,10 @@ def _is_generated(code: types.CodeType) -> bool:
 
 
 def _module_for_file(filename: str) -> str | None:
+    target = os.path.abspath(filename)
     for name, module in list(sys.modules.items()):
         path = getattr(module, "__file__", None)
-        if path and os.path.abspath(path) == os.path.abspath(filename):
+        if path and os.path.abspath(path) == target:
             return name
     return None
 
@@ -54,11 +115,21 @@ def describe_traced(
     when that module's ``__file__`` is not the file (a script exec'd in ``__main__``).
     """
     seen: set[int] = set()
+    nested = _nested_codes(codes)
     out = []
+    libraries: set[str] = set()
     for code in codes:
-        if id(code) in seen or _is_library_code(code) or _is_generated(code):
+        if id(code) in seen or _is_generated(code) or id(code) in nested:
             continue
         seen.add(id(code))
+        if _is_library_code(code):
+            if code.co_filename.startswith("<"):
+                continue
+            package = _top_package(_module_for_file(code.co_filename))
+            if package and package not in libraries and package != "torch":  # torch: in every key already
+                libraries.add(package)
+                out.append({"library": package, "version": library_version(package)})
+            continue
         out.append(
             {
                 "file": code.co_filename,
@@ -72,18 +143,26 @@ def describe_traced(
     return out
 
 
+def _nested_codes(codes: list[types.CodeType]) -> set[int]:
+    """Code objects that are constants of other traced code: their parent's fingerprint covers them."""
+    inner: set[int] = set()
+
+    def walk(code: types.CodeType) -> None:
+        for const in code.co_consts:
+            if isinstance(const, types.CodeType) and id(const) not in inner:
+                inner.add(id(const))
+                walk(const)
+
+    for code in codes:
+        walk(code)
+    return inner
+
+
 def find_live_code(module_name: str | None, qualname: str) -> types.CodeType | None:
     """The code object called ``qualname`` in ``module_name`` as it is now."""
-    if not module_name:
-        return None
-    module = sys.modules.get(module_name)
+    module = _imported(module_name) if module_name else None
     if module is None:
-        try:
-            import importlib
-
-            module = importlib.import_module(module_name)
-        except Exception:
-            return None
+        return None
     obj: Any = module
     parts = qualname.split(".")
     code: types.CodeType | None = None
@@ -102,6 +181,10 @@ def find_live_code(module_name: str | None, qualname: str) -> types.CodeType | N
         obj = getattr(obj, part, None)
         if obj is None:
             return None
+        if isinstance(obj, property):
+            obj = obj.fget
+        elif isinstance(obj, functools.cached_property):
+            obj = obj.func
         obj = getattr(obj, "__func__", obj)
         obj = _unwrap(obj)
         if isinstance(obj, types.FunctionType):
@@ -118,10 +201,21 @@ def _unwrap(obj: Any) -> Any:
     return obj
 
 
+def fresh_by_name(item: dict[str, Any]) -> bool:
+    """Whether a recorded user code object can be found again by name, unchanged."""
+    live = find_live_code(item.get("module"), item["qualname"])
+    return live is not None and code_fingerprint(live) == item["fingerprint"]
+
+
 def stale_sources(recorded: list[dict[str, Any]]) -> list[str]:
     """Descriptions of recorded sources whose live code differs (empty: all fresh)."""
     stale = []
     for item in recorded:
+        if "library" in item:
+            now = library_version(item["library"])
+            if now != item.get("version"):
+                stale.append(f"library {item['library']} {item.get('version')} -> {now}")
+            continue
         live = find_live_code(item.get("module"), item["qualname"])
         if live is None:
             stale.append(f"{item['qualname']} ({item['file']}) can no longer be found")

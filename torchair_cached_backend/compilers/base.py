@@ -57,14 +57,22 @@ class CompileResult:
 
 
 class InnerCompiler(Protocol):
-    """One inner compiler (inductor, eager, torchair)."""
+    """One inner compiler (inductor, eager, torchair).
+
+    Optionally also ``registry_factors(options) -> dict``: key factors read from
+    process-wide registries that cost too much to scan at every warm load (torchair's
+    user GE converters); the graph key holds them, and the compiler's ``load``
+    re-checks the entries its artifact used instead.
+    """
 
     #: stable name used in keys, manifests and the ``compiler`` option
     name: str
 
     def hash_factors(self, options: BackendOptions) -> dict[str, Any]:
         """JSON-able description of everything *besides the graph and its inputs*
-        that changes this compiler's output (its version, config, options)."""
+        that changes this compiler's output (its version, config, options, the
+        process state it compiles in). Cheap (it runs at every warm load), and
+        never imports Dynamo or Inductor."""
         ...
 
     def compile(

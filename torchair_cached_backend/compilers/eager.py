@@ -7,13 +7,13 @@ is one ``exec`` of a few hundred lines, with nothing else imported.
 from __future__ import annotations
 
 import builtins
-import io
 import math
 import types
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ..bypass import code_codec
+from .. import code_codec
+from ..logs import warn_once
 from . import pycode
 from .base import Artifact, CompileResult
 
@@ -42,6 +42,9 @@ class EagerCompiler:
     def compile(self, gm: torch.fx.GraphModule, example_inputs: list[Any], options: BackendOptions) -> CompileResult:
         import torch
 
+        if options.custom_decompositions:
+            warn_once("eager-decompositions", "npu_cached: the eager inner compiler runs Dynamo's graph as it is; "
+                      "custom_decompositions apply with compiler='inductor' or 'torchair' only")
         code = gm.graph.python_code(root_module="self")
         refs: dict[str, Any] = {}
         for name, value in code.globals.items():
@@ -65,9 +68,9 @@ class EagerCompiler:
         files = {SOURCE: code.src.encode()}
         pycode.precompile(files, SOURCE, f"<npu_cached eager graph {SOURCE}>")
         if constants:
-            buf = io.BytesIO()
-            torch.save(constants, buf)
-            files[CONSTANTS] = buf.getvalue()
+            from .stored_tensors import save_tensors
+
+            files[CONSTANTS] = save_tensors(constants)
         return CompileResult(gm.forward, Artifact(files=files, meta={"globals": refs}))
 
     def load(self, artifact: Artifact, options: BackendOptions) -> Callable[..., Any]:
@@ -78,9 +81,9 @@ class EagerCompiler:
         forward = namespace["forward"]
         holder = _Holder()
         if CONSTANTS in artifact.files:
-            import torch
+            from .stored_tensors import load_tensors  # real tensors even inside Dynamo's fake mode
 
-            constants = torch.load(io.BytesIO(artifact.files[CONSTANTS]), weights_only=True)
+            constants = load_tensors(artifact.files[CONSTANTS])
             for target, tensor in constants.items():
                 *parents, leaf = target.split(".")
                 obj: Any = holder

@@ -8,8 +8,15 @@ empty ``TORCHINDUCTOR_CACHE_DIR`` recompiles C++. We instead store:
   :mod:`.inductor_runtime` (importing ``torch._inductor`` costs ~2 s);
 * ``k_<digest>.so`` - every C++ kernel extension the wrapper calls, dlopened in
   place on load (never recompiled);
-* ``constants.pt`` / ``aot_meta.pkl`` - graph constants and, for graphs that need
-  it, AOTAutograd's runtime metadata.
+* ``constants.pt`` / ``aot_meta.pkl`` - graph constants (with ``freezing``, the
+  frozen and folded parameters too: Inductor's own cache reads those from the live
+  graph, which a warm start does not have), loaded as real tensors even inside
+  Dynamo's fake mode, and, for graphs that need it, AOTAutograd's runtime metadata.
+
+Kernels are specialized for the thread count (per-thread buffers) and built with
+``-march=native``: both are key factors, and a loaded graph runs with the thread
+count it was built for even if the program changes it later
+(:func:`inductor_runtime.pin_threads`).
 
 An artifact is *lean* when calling the wrapper's ``call`` directly is equivalent
 to AOTAutograd's runtime (see :func:`_runtime_plan`) and every extern kernel is a
@@ -22,6 +29,7 @@ Triton kernels, tensor subclasses, ...) get ``artifact=None`` and a reason.
 from __future__ import annotations
 
 import ast
+import functools
 import hashlib
 import importlib
 import json
@@ -40,12 +48,13 @@ import torch
 from . import inductor_runtime as rt
 from . import pycode
 from .base import Artifact, CompileResult
+from .stored_tensors import load_tensors, save_tensors
 
 if TYPE_CHECKING:
     from ..options import BackendOptions
 
 #: bump when the artifact layout or the rewrite changes meaning
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 WRAPPER_FILE = "wrapper.py"
 CONSTANTS_FILE = "constants.pt"
 AOT_META_FILE = "aot_meta.pkl"
@@ -84,10 +93,11 @@ class Uncacheable(Exception):
 class _Capture:
     """What our ``inner_compile`` hook saw for one Inductor compile."""
 
-    __slots__ = ("output", "fw_metadata", "is_inference", "num_inputs", "fakify_first_call", "cudagraphs")
+    __slots__ = ("output", "fw_metadata", "is_inference", "num_inputs", "fakify_first_call", "cudagraphs", "graph")
 
     def __init__(
-        self, output: Any, fw_metadata: Any, is_inference: bool, num_inputs: int, fakify_first_call: bool, cudagraphs: bool
+        self, output: Any, fw_metadata: Any, is_inference: bool, num_inputs: int, fakify_first_call: bool, cudagraphs: bool,
+        graph: Any = None,
     ) -> None:
         self.output = output
         self.fw_metadata = fw_metadata
@@ -95,16 +105,20 @@ class _Capture:
         self.num_inputs = num_inputs
         self.fakify_first_call = fakify_first_call
         self.cudagraphs = cudagraphs
+        #: the graph Inductor lowered (after freezing: holds the frozen parameters)
+        self.graph = graph
 
 
 class _Rewritten:
     """The rewritten wrapper source and what it refers to."""
 
-    __slots__ = ("source", "kernels", "externs", "inductor_imports")
+    __slots__ = ("source", "kernels", "externs", "inductor_imports", "constants")
 
     def __init__(self, source: str) -> None:
         self.source = source
         self.kernels: list[str] = []
+        #: module-level ``name = None`` placeholders Inductor fills with constants
+        self.constants: list[str] = []
         self.externs: set[str] = set()
         self.inductor_imports: list[str] = []
 
@@ -121,8 +135,12 @@ class InductorCompiler:
         Inductor config enters as the set of values the *user* overrode (only
         possible once it is imported) plus ``TORCHINDUCTOR_*`` env vars, so a
         warm process that never imports Inductor computes the same factors as
-        the cold one did with default config. The CPU capability stands in for
-        the vector ISA the kernels were built for.
+        the cold one did with default config. Kernels are built with
+        ``-march=native`` for the vector ISA Inductor picked, so the CPU's ISA
+        flags count; C++ kernels size per-thread buffers by the thread count
+        (and choose a dynamic ``omp parallel`` when it equals the CPU count), so
+        both count too. Grad mode, autocast, default dtype and deterministic
+        algorithms are key factors of every compiler (``key.runtime_state_factors``).
         """
         env = {
             k: v for k, v in sorted(os.environ.items()) if k.startswith("TORCHINDUCTOR_") and k not in _ENV_NOT_CODEGEN
@@ -134,7 +152,12 @@ class InductorCompiler:
             "python": list(sys.version_info[:2]),
             "machine": platform.machine(),
             "cpu_capability": _cpu_capability(),
-            "inductor_config": _inductor_config_overrides(),
+            "cpu_isa": _cpu_isa_digest(),
+            "threads": torch.get_num_threads(),
+            "cpu_count": os.cpu_count(),
+            "fp32_matmul_precision": torch.get_float32_matmul_precision(),
+            "inductor_config": _config_overrides("torch._inductor.config"),
+            "functorch_config": _config_overrides("torch._functorch.config"),
             "inductor_env": env,
             "custom_decompositions": sorted(str(k) for k in decomps),
         }
@@ -168,6 +191,7 @@ class InductorCompiler:
                     num_inputs=len(inputs),
                     fakify_first_call=bool(getattr(ctx, "fakify_first_call", False)),
                     cudagraphs=bool(kwargs.get("cudagraphs")),
+                    graph=graph,
                 )
             )
             return out
@@ -246,8 +270,12 @@ class InductorCompiler:
                 else:
                     extern_refs[ename] = ref
 
-        if cg.constants:
-            files[CONSTANTS_FILE] = _save_constants(cg.constants)
+        constants = _constant_values(cg, cap.graph)
+        undeclared = sorted(set(rewritten.constants) - set(constants))
+        if undeclared:
+            raise Uncacheable(f"wrapper reads constants Inductor did not hand over: {undeclared[:5]}")
+        if constants:
+            files[CONSTANTS_FILE] = save_tensors(constants)
         if plan["aot_runtime"]:
             files[AOT_META_FILE] = pickle.dumps(cap.fw_metadata)
 
@@ -264,6 +292,8 @@ class InductorCompiler:
             "kernels": kernels,
             "externs": extern_refs,
             "constants": CONSTANTS_FILE in files,
+            "constant_names": sorted(rewritten.constants),
+            "threads": _compiled_threads(),
             "num_inputs": len(example_inputs),
         }
         json.dumps(meta)  # fail here, not in the store, if something is not JSON-able
@@ -280,6 +310,7 @@ class InductorCompiler:
         meta = artifact.meta
         if meta.get("format") != FORMAT_VERSION:
             raise ValueError(f"inductor artifact format {meta.get('format')!r}, expected {FORMAT_VERSION}")
+        _check_named_files(meta, artifact.files)
         root = getattr(artifact, "root", None)
         tmp: str | None = None
         if root is None:
@@ -292,6 +323,17 @@ class InductorCompiler:
         finally:
             if tmp is not None:
                 shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _check_named_files(meta: dict[str, Any], files: dict[str, bytes]) -> None:
+    """Every file the metadata names (kernels to dlopen) must be a plain file name and, when the
+    artifact comes with its files (always, from the store), one of its checksummed files: a path
+    taken from a manifest never reaches dlopen."""
+    for name, (fname, _digest) in meta.get("kernels", {}).items():
+        plain = isinstance(fname, str) and fname not in ("", ".", "..") and os.path.basename(fname) == fname
+        if not plain or (files and fname not in files):
+            raise ValueError(f"inductor artifact names kernel {name!r} as {fname!r}, which is not one of its "
+                             "checksummed files; refusing to load it")
 
 
 def _load_from(root: str, meta: dict[str, Any]) -> Callable[..., Any]:
@@ -309,13 +351,17 @@ def _load_from(root: str, meta: dict[str, Any]) -> Callable[..., Any]:
     if meta.get("constants"):
         # after exec: the wrapper declares each constant as ``name = None`` (Inductor
         # also sets them as module attributes once the module has run)
-        vars(module).update(torch.load(os.path.join(root, CONSTANTS_FILE), weights_only=True))
+        vars(module).update(load_tensors(os.path.join(root, CONSTANTS_FILE)))
+    missing = [name for name in meta.get("constant_names", ()) if not isinstance(vars(module).get(name), torch.Tensor)]
+    if missing:
+        raise ValueError(f"inductor artifact lacks constants {missing[:5]} its wrapper reads")
+    call = rt.pin_threads(module.call, meta.get("threads"))
     runtime = meta["runtime"]
     if meta["aot_runtime"]:
         with open(os.path.join(root, AOT_META_FILE), "rb") as f:
             blob = f.read()
-        return rt.aot_runtime_wrap(module.call, blob, bool(runtime.get("disable_amp")))
-    return rt.lean_callable(module.call, runtime)
+        return rt.aot_runtime_wrap(call, blob, bool(runtime.get("disable_amp")))
+    return rt.lean_callable(call, runtime)
 
 
 # --------------------------------------------------------------------- rewrite
@@ -359,6 +405,8 @@ def rewrite_wrapper(source: str) -> _Rewritten:
             replace(node, "")
         elif _is_main_guard(node):
             replace(node, "")
+        elif _is_constant_placeholder(node):
+            out.constants.append(node.targets[0].id)  # type: ignore[attr-defined]
 
     pieces: list[str] = []
     i = 1
@@ -417,6 +465,17 @@ def _pybinding_target(node: ast.stmt) -> str | None:
     if call.func.attr != "cpp_pybinding" or len(node.targets) != 1 or not isinstance(node.targets[0], ast.Name):
         return None
     return node.targets[0].id
+
+
+def _is_constant_placeholder(node: ast.stmt) -> bool:
+    """``_frozen_param3 = None`` / ``_tensor_constant0 = None``: a constant set after load."""
+    return (
+        isinstance(node, ast.Assign)
+        and len(node.targets) == 1
+        and isinstance(node.targets[0], ast.Name)
+        and isinstance(node.value, ast.Constant)
+        and node.value.value is None
+    )
 
 
 def _is_main_guard(node: ast.stmt) -> bool:
@@ -537,14 +596,45 @@ def reference_of(obj: Any) -> str | None:
     return None
 
 
-def _save_constants(constants: dict[str, Any]) -> bytes:
-    import io
+def _constant_values(cg: Any, graph: Any) -> dict[str, Any]:
+    """Every constant the wrapper reads, as real tensors: Inductor's own constants and,
+    with ``freezing``, the frozen (possibly folded / prepacked) parameters, which Inductor
+    keeps on the lowered graph instead of in the compiled graph."""
+    values = dict(cg.constants or {})
+    for name, orig in (getattr(cg, "frozen_param_names", None) or {}).items():
+        value = getattr(graph, orig, None) if graph is not None else None
+        if not isinstance(value, torch.Tensor):
+            raise Uncacheable(f"frozen parameter {name} ({orig}) is not on the lowered graph")
+        values[name] = value
+    return {name: _storable(name, value) for name, value in values.items()}
 
-    buf = io.BytesIO()
-    torch.save(dict(constants), buf)
-    return buf.getvalue()
+
+def _storable(name: str, t: Any) -> torch.Tensor:
+    """``t`` detached, copied when it views a larger storage (torch.save writes whole
+    storages); Uncacheable when it has no storage to write (MKL/oneDNN-packed weights)."""
+    if not isinstance(t, torch.Tensor) or type(t) not in (torch.Tensor, torch.nn.Parameter) or t.is_meta:
+        raise Uncacheable(f"constant {name} is a {type(t).__name__}, not a plain tensor with data")
+    try:
+        nbytes = t.untyped_storage().nbytes()
+    except (NotImplementedError, RuntimeError):
+        nbytes = -1
+    if t.is_mkldnn or nbytes < 0:
+        raise Uncacheable(
+            f"frozen constant {name} is a prepacked (MKL/oneDNN) weight, which cannot be stored; "
+            "set torch._inductor.config.cpp.weight_prepack = False to cache frozen graphs"
+        )
+    t = t.detach()
+    return t.clone() if nbytes > t.numel() * t.element_size() else t
 
 
+def _compiled_threads() -> int:
+    """The thread count Inductor's C++ kernels were specialized for."""
+    from torch._inductor.utils import parallel_num_threads
+
+    return int(parallel_num_threads())
+
+
+@functools.cache
 def _cpu_capability() -> str:
     try:
         return str(torch.backends.cpu.get_cpu_capability())
@@ -552,11 +642,30 @@ def _cpu_capability() -> str:
         return "unknown"
 
 
-def _inductor_config_overrides() -> str:
-    """Hash of Inductor config values set in-process (``"default"`` if none/not imported)."""
-    cfg = sys.modules.get("torch._inductor.config")
+@functools.cache
+def _cpu_isa_digest() -> str:
+    """Digest of the CPU's feature flags (``/proc/cpuinfo``): kernels are compiled
+    with ``-march=native`` and Inductor's vector ISA, so another CPU model may not run them."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                name, _, value = line.partition(":")
+                if name.strip() in ("flags", "Features"):  # x86 / arm
+                    return hashlib.sha256(" ".join(sorted(value.split())).encode()).hexdigest()[:16]
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _config_overrides(module_name: str) -> str:
+    """Digest of the config values set in-process in ``module_name`` (an Inductor /
+    functorch config module); ``"default"`` when none are or it is not imported.
+    Callables (custom passes) count by their code and bound values, never by id."""
+    cfg = sys.modules.get(module_name)
     if cfg is None:
         return "default"
+    from ..fingerprint import describe_value
+
     try:
         entries = cfg._config  # type: ignore[attr-defined]
         unset = importlib.import_module("torch.utils._config_module")._UNSET_SENTINEL
@@ -564,11 +673,18 @@ def _inductor_config_overrides() -> str:
         for key in sorted(entries):
             entry = entries[key]
             value = entry.user_override.get()
-            if value is unset or value == entry.default:
+            if value is unset or value is entry.default or _same(value, entry.default):
                 continue
-            overrides[key] = repr(value)
+            overrides[key] = describe_value(value)
     except Exception:  # private API moved: fall back to the full portable config
-        overrides = {k: repr(v) for k, v in sorted(cfg.save_config_portable().items())}
+        overrides = {k: describe_value(v) for k, v in sorted(cfg.save_config_portable().items())}
     if not overrides:
         return "default"
-    return hashlib.sha256(json.dumps(overrides, sort_keys=True).encode()).hexdigest()
+    return hashlib.sha256(json.dumps(overrides, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _same(a: Any, b: Any) -> bool:
+    try:
+        return bool(a == b)
+    except Exception:  # noqa: BLE001 - e.g. tensors: not equal for our purpose
+        return False

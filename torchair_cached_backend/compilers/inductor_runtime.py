@@ -49,6 +49,31 @@ def load_kernel(path: str, digest: str) -> Callable[..., Any]:
     return module.kernel
 
 
+def pin_threads(call: Callable[[list[Any]], Any], threads: int | None) -> Callable[[list[Any]], Any]:
+    """Run ``call`` with the thread count its C++ kernels were built for.
+
+    Inductor sizes per-thread reduction buffers by the compile-time thread count
+    and, when that equals the CPU count, emits a plain ``omp parallel``; a
+    process that later runs with more threads would index past those buffers.
+    The key holds the thread count, so this only acts when a program changes
+    ``torch.set_num_threads`` after loading: one C call per graph call otherwise."""
+    if not threads:
+        return call
+    get, set_ = torch.get_num_threads, torch.set_num_threads
+
+    def pinned(args: list[Any]) -> Any:
+        current = get()
+        if current == threads:
+            return call(args)
+        set_(threads)
+        try:
+            return call(args)
+        finally:
+            set_(current)
+
+    return pinned
+
+
 def resolve_ref(ref: str) -> Any:
     """Resolve ``"module:attr.path"`` (e.g. ``"torch:ops.aten.mm.out"``) to the object."""
     module_name, _, attr_path = ref.partition(":")

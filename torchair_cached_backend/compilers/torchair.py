@@ -7,25 +7,38 @@ source is exec'd and its ``kernel`` serves this process.  Warm: exec the stored
 source in a fresh module and call ``kernel`` with Dynamo's flat inputs.
 
 That shortcut is only valid when AOTAutograd adds nothing at runtime (no
-prepended parameters, no effect tokens, no outputs aliasing inputs, every input
-mutation kept in the graph); other graphs are compiled but not cached.
+prepended parameters, no effect tokens, no outputs aliasing intermediates, every
+input mutation kept in the graph); other graphs are compiled but not cached.
+
+Outputs that are views of inputs are cached: torchair's kernel rebuilds them
+itself (``torch.as_strided(args[i], ...)``), as its own ``cache_compile`` relies on.
 
 GE's own compile cache (``ge_cache=True``, max-autotune only) goes inside the
 cache entry: the stored code names a placeholder directory, and the generated
-``_update_ge_cache_dir`` hook re-points it at ``<entry>/files/ge_cache`` before
-the first run, as torchair does when it rebases a moved cache.
+``_update_ge_cache_dir`` hook re-points it at ``<entry>/files/ge_cache`` (created
+first, as torchair creates its cache dir) before GE loads the graph, as torchair
+does when it rebases a moved cache. A graph that is not cached never points GE
+into the store: its GE cache goes to a private temporary directory.
+
+Key factors besides the config: the NPU deterministic level and hf32 flags
+(torch_npu), ``AUTOFUSE_FLAGS``, and the user's GE converters by code
+(``register_fx_node_ge_converter``): every one in the graph key, and the converters
+an artifact used re-checked when it is loaded.
 """
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import sys
+import tempfile
 import types
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..logs import log, warn_once
-from ..torchair_config import config_mode, config_snapshot, is_aclgraph_mode
+from ..torchair_config import config_mode, config_snapshot, default_config_snapshot, is_aclgraph_mode
 from . import pycode
 from .base import Artifact, CompileResult
 
@@ -125,15 +138,184 @@ def _static_kernel_options(config: Any) -> dict[str, str]:
 
 
 def _point_caches(module: types.ModuleType, files_dir: str | None, ge_cache: bool) -> None:
-    """Re-point the generated code's GE / static-kernel caches into our entry."""
-    if files_dir is None:
-        return
-    hook = getattr(module, "_update_ge_cache_dir", None)
-    if ge_cache and hook is not None:
-        hook(os.path.join(files_dir, GE_CACHE_SUBDIR))
+    """Re-point the generated code's GE / static-kernel caches into ``files_dir``
+    (our entry), creating the directories first as torchair does: GE caches nothing
+    into a directory that does not exist. A directory we cannot create (read-only
+    cache) falls back to a private temporary one: the call must not fail over it."""
+    hook = getattr(module, "_update_ge_cache_dir", None) if ge_cache else None
     static_hook = getattr(module, "_update_static_kernel_cache_dir", None)
-    if static_hook is not None:
-        static_hook(os.path.join(files_dir, STATIC_KERNEL_SUBDIR))
+    if hook is None and static_hook is None:
+        return
+    if files_dir is None:
+        files_dir = _private_dir()
+    for subdir, update in ((GE_CACHE_SUBDIR, hook), (STATIC_KERNEL_SUBDIR, static_hook)):
+        if update is None:
+            continue
+        path = os.path.join(files_dir, subdir)
+        try:
+            os.makedirs(path, mode=0o700, exist_ok=True)
+        except OSError as exc:
+            log.warning("npu_cached: cannot create %s (%s); GE caches into a private temporary directory", path, exc)
+            path = os.path.join(_private_dir(), subdir)
+            os.makedirs(path, mode=0o700, exist_ok=True)
+        update(path)
+
+
+_private_dirs: list[str] = []
+
+
+def _private_dir() -> str:
+    """A temporary directory for the GE cache of a graph that is not stored (removed at exit)."""
+    path = tempfile.mkdtemp(prefix="npu_cached_ge_")
+    if not _private_dirs:
+        atexit.register(lambda: [shutil.rmtree(p, ignore_errors=True) for p in _private_dirs])
+    _private_dirs.append(path)
+    return path
+
+
+def _published_files_dir(files_dir: str | None) -> str | None:
+    """``files_dir`` if its entry was published (it has a manifest), else None."""
+    if files_dir is None:
+        return None
+    from ..store import MANIFEST
+
+    return files_dir if os.path.isfile(os.path.join(os.path.dirname(files_dir), MANIFEST)) else None
+
+
+def _hf32_flags() -> Any:
+    """torch_npu's hf32 switches, which torchair hands GE as ``ge.exec.allow_hf32``."""
+    npu_mod = sys.modules.get("torch_npu")
+    if npu_mod is None:
+        return None
+    try:
+        return [bool(npu_mod.npu.conv.allow_hf32), bool(npu_mod.npu.matmul.allow_hf32)]
+    except Exception as exc:  # noqa: BLE001 - an old torch_npu without the switches
+        return f"unknown ({type(exc).__name__})"
+
+
+# ------------------------------------------------------------------ user GE converters
+_BUILTIN = "torchair"
+_converter_generation = [0]
+_converter_scan: dict[str, Any] = {"generation": -1, "converters": {}}
+
+
+def _converter_of(op: Any) -> Any:
+    from torchair._ge_concrete_graph import fx2ge_converter as fx2ge
+
+    found = fx2ge._CONVERTERS.get(op) if op in fx2ge._CONVERTERS else None
+    return found if found is not None else getattr(op, "__dict__", {}).get("_ge_converter")
+
+
+def _converter_digest(converter: Any) -> str:
+    """``"torchair"`` for torchair's own converters (its version is in the key), else
+    a digest of the user's converter: its code and bound values."""
+    if converter is None:
+        return _BUILTIN
+    fn = getattr(converter, "__wrapped__", converter)
+    module = getattr(fn, "__module__", None) or ""
+    if module == "torchair" or module.startswith(("torchair.", "torch_npu.")):
+        return _BUILTIN
+    from ..fingerprint import callable_digest
+
+    return callable_digest(fn)
+
+
+def _watch_converter_registration() -> None:
+    """Count registrations (``Converter.__call__``) so the scan below runs once per change."""
+    from torchair._ge_concrete_graph import fx2ge_converter as fx2ge
+
+    cls = fx2ge.Converter
+    if getattr(cls.__call__, "_npu_cached_watch", False):
+        return
+    register = cls.__call__
+
+    def counted(self: Any, converter: Any) -> Any:
+        _converter_generation[0] += 1
+        return register(self, converter)
+
+    counted._npu_cached_watch = True  # type: ignore[attr-defined]
+    cls.__call__ = counted
+
+
+def user_converters() -> dict[str, str]:
+    """``{op: digest}`` of every GE converter registered outside torchair.
+
+    Scans the op overloads materialized so far (about 3000: ~15 ms), once per
+    process and again only after a new registration."""
+    try:
+        _watch_converter_registration()
+    except (ImportError, AttributeError) as exc:  # another torchair layout: scan every time
+        log.debug("npu_cached: cannot watch GE converter registration: %r", exc)
+        _converter_generation[0] += 1
+    if _converter_scan["generation"] == _converter_generation[0]:
+        return _converter_scan["converters"]
+    import torch
+    from torchair._ge_concrete_graph import fx2ge_converter as fx2ge
+
+    found: dict[str, str] = {}
+    candidates = list(fx2ge._CONVERTERS.items())
+    for namespace in list(vars(torch.ops).values()):
+        if not isinstance(namespace, torch._ops._OpNamespace):
+            continue
+        for packet in list(vars(namespace).values()):
+            if type(packet) is not torch._ops.OpOverloadPacket:
+                continue
+            for overload in list(vars(packet).values()):
+                converter = getattr(overload, "__dict__", {}).get("_ge_converter")
+                if converter is not None:
+                    candidates.append((overload, converter))
+    for op, converter in candidates:
+        digest = _converter_digest(converter)
+        if digest != _BUILTIN:
+            found[str(op)] = digest
+    _converter_scan.update(generation=_converter_generation[0], converters=found)
+    return found
+
+
+def _graph_converters(graph: Any) -> dict[str, str]:
+    """``{op: digest}`` for every op of the AOT graph GE converted: what a load re-checks."""
+    import torch
+
+    ops = {n.target for n in graph.graph.nodes if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)}
+    return {str(op): _converter_digest(_converter_of(op)) for op in sorted(ops, key=str)}
+
+
+def _stale_converters(recorded: dict[str, str]) -> list[str]:
+    """Ops whose GE converter differs from the one the artifact was built with."""
+    import torch
+
+    changed = []
+    for name, digest in recorded.items():
+        namespace, packet, overload = (name.split(".", 2) + ["default"])[:3]
+        try:
+            op = getattr(getattr(getattr(torch.ops, namespace), packet), overload)
+        except (AttributeError, RuntimeError):
+            changed.append(f"{name} (op no longer exists)")
+            continue
+        current = _converter_digest(_converter_of(op))
+        if current != digest:
+            changed.append(f"{name}: {_converter_name(digest)} -> {_converter_name(current)}")
+    return changed
+
+
+def _converter_name(digest: str) -> str:
+    return "torchair's converter" if digest == _BUILTIN else f"user converter {digest[:12]}"
+
+
+def _first_call_points_caches(module: types.ModuleType, files_dir: str | None, ge_cache: bool) -> Callable[..., Any]:
+    """The cold process's kernel: GE loads the graph at its first run, after the
+    backend published the entry, so the caches are pointed (and created) then - into
+    the entry if it was published, else into a private temporary directory."""
+    kernel = module.kernel
+    pending = [True]
+
+    def first_call(*args: Any) -> Any:
+        if pending:
+            pending.clear()
+            _point_caches(module, _published_files_dir(files_dir), ge_cache)
+        return kernel(*args)
+
+    return first_call
 
 
 def _exec_source(files: dict[str, bytes], name: str) -> types.ModuleType:
@@ -162,17 +344,34 @@ def _check_no_aot_runtime(graph: Any, example_inputs: list[Any], dynamo_inputs: 
         raise _Uncacheable("graph has tensor-subclass inputs")
     if meta.num_intermediate_bases:
         raise _Uncacheable("outputs alias graph intermediates")
-    kinds = sorted({o.output_type.name for o in meta.output_info} - {"non_alias"})
+    kinds = sorted({o.output_type.name for o in meta.output_info} - {"non_alias", *_INPUT_ALIASES})
     if kinds:
-        raise _Uncacheable(f"outputs alias inputs/intermediates ({', '.join(kinds)}) and need AOT runtime wrappers")
+        raise _Uncacheable(f"outputs alias intermediates ({', '.join(kinds)}) and need AOT runtime wrappers")
     if meta.num_mutated_inp_runtime_indices:
         raise _Uncacheable("input mutations applied outside the graph need AOT runtime wrappers")
     return {
         "num_inputs": dynamo_inputs,
         "num_outputs": len(meta.output_info),
+        "input_aliases": [i for i, o in enumerate(meta.output_info) if o.output_type.name in _INPUT_ALIASES],
         "keep_input_mutations": bool(meta.keep_input_mutations),
         "mutated_inputs_in_graph": [int(i) for i in getattr(meta, "mutated_graph_handled_indices_seen_by_autograd", [])],
     }
+
+
+#: AOTAutograd output kinds that are (views of) graph inputs
+_INPUT_ALIASES = ("alias_of_input", "is_input")
+
+
+def _check_input_aliases(src: str, indices: list[int]) -> None:
+    """torchair's kernel must rebuild each output that aliases an input from that input
+    (``fx_outputs[i] = torch.as_strided(args[j], ...)``), so calling it directly, as
+    torchair's cache does, returns the same views AOTAutograd's wrapper would."""
+    for i in indices:
+        prefix = f"fx_outputs[{i}] = "
+        line = next((ln.strip() for ln in src.splitlines() if ln.strip().startswith(prefix)), "")
+        rhs = line[len(prefix):]
+        if not rhs.startswith(("torch.as_strided(args[", "torch.view_as_real(args[", "torch.view_as_complex(args[", "args[")):
+            raise _Uncacheable(f"output {i} aliases an input but torchair's kernel does not rebuild it as a view")
 
 
 def _aot_inference(
@@ -220,21 +419,38 @@ class TorchairCompiler:
 
     # ------------------------------------------------------------------ key
     def hash_factors(self, options: BackendOptions) -> dict[str, Any]:
+        """torchair's config (every leaf; ``None`` as a default ``CompilerConfig()``) and the
+        process state torchair hands GE: the NPU deterministic level, hf32, autofuse flags,
+        the static-kernel options. (``ge.deterministic`` comes from deterministic algorithms,
+        a key factor of every compiler: ``key.runtime_state_factors``.)"""
         from ..environment import torch_npu_version, torchair_version
 
-        config = _default_config(options)
+        config = options.config  # None and CompilerConfig() mean the same (mode, static kernels)
+        if config is None:
+            from torchair import CompilerConfig
+
+            snapshot = default_config_snapshot(CompilerConfig)
+        else:
+            snapshot = config_snapshot(config)
         return {
             "format": FORMAT,
             "torchair": torchair_version(),
             "torch_npu": torch_npu_version(),
             "mode": config_mode(config),
-            "config": config_snapshot(config),
+            "config": snapshot,
             "npu_deterministic_level": _deterministic_level(),
+            "hf32": _hf32_flags(),
+            "autofuse_flags": os.environ.get("AUTOFUSE_FLAGS", ""),
             "static_kernel_options": {
                 k: v for k, v in _static_kernel_options(config).items() if not k.endswith("compile_cache_dir")
             },
             "ge_cache": bool(options.ge_cache),
         }
+
+    def registry_factors(self, options: BackendOptions) -> dict[str, Any]:
+        """The user's GE converters (by code): a graph-key factor too costly to scan at
+        every warm load; :meth:`load` re-checks the converters its artifact used instead."""
+        return {"ge_converters": user_converters()}
 
     # -------------------------------------------------------------- compile
     def compile(self, gm: torch.fx.GraphModule, example_inputs: list[Any], options: BackendOptions) -> CompileResult:
@@ -270,14 +486,19 @@ class TorchairCompiler:
                 return compiled
             try:
                 state["aot"] = _check_no_aot_runtime(graph, inputs, dynamo_inputs)
+                _check_input_aliases(src, state["aot"]["input_aliases"])
+                state["converters"] = {} if is_aclgraph_mode(config) else _graph_converters(graph)
             except _Uncacheable as exc:
                 state["reason"] = str(exc)
             state["src"] = src
+            # a graph that is not stored never points GE into the store
+            files_dir = None if "reason" in state else cold_files_dir
 
             def build_kernel() -> Callable[..., Any]:
                 module = _exec_source({SOURCE: src.encode()}, SOURCE)
-                _point_caches(module, cold_files_dir, use_ge_cache)
-                return module.kernel
+                if not extend_config:
+                    return module.kernel
+                return _first_call_points_caches(module, files_dir, use_ge_cache)
 
             if not is_aclgraph_mode(config):
                 return build_kernel()
@@ -306,6 +527,7 @@ class TorchairCompiler:
             "ge_cache": use_ge_cache,
             "ge_cache_placeholder": GE_CACHE_PLACEHOLDER if use_ge_cache else None,
             "has_ge_cache_hook": "def _update_ge_cache_dir(" in state["src"],
+            "converters": state["converters"],
         }
         files = {SOURCE: state["src"].encode()}
         pycode.precompile(files, SOURCE, f"<npu_cached torchair graph {SOURCE}>")
@@ -335,8 +557,14 @@ class TorchairCompiler:
         meta = artifact.meta
         if meta.get("format") != FORMAT:
             raise ValueError(f"artifact format {meta.get('format')!r} is not {FORMAT!r}")
+        stale = _stale_converters(meta.get("converters", {}))
+        if stale:
+            raise ValueError("GE converters changed since this graph was built: " + "; ".join(stale[:5]))
         _install_deterministic_guard()
-        module = _exec_source(artifact.files, SOURCE)
+        from .stored_tensors import real_tensors
+
+        with real_tensors():  # inside Dynamo's backend call: module-level code must see real tensors
+            module = _exec_source(artifact.files, SOURCE)
         if meta.get("ge_cache"):
             if getattr(module, "_update_ge_cache_dir", None) is None:
                 raise ValueError("stored GE code has no _update_ge_cache_dir hook for its ge_cache dir")

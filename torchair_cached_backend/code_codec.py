@@ -372,6 +372,8 @@ def encode_value(obj: object) -> Desc:
             "step": encode_value(s.step),
         }
     # named Python objects
+    if isinstance(obj, torch._ops._OpNamespace):  # torch.ops.aten: a module subclass, not in sys.modules
+        return {"kind": "op_namespace", "name": typing.cast(Any, obj).name}
     if isinstance(obj, types.ModuleType):
         if sys.modules.get(obj.__name__) is not obj:
             raise _refuse(obj, "module is not registered in sys.modules", _FIX_OFF)
@@ -407,6 +409,13 @@ def encode_value(obj: object) -> Desc:
         return {"kind": "dict", "items": [[encode_value(k), encode_value(v)] for k, v in d.items()]}
     if t is types.CodeType:
         raise _refuse(obj, "code objects are not values", "serialize them with dumps_code")
+    if t is list:  # EQUALS_MATCH guards compare lists (and sets) of constants
+        return {"kind": "list", "items": [encode_value(x) for x in typing.cast(list, obj)]}
+    if t is set:
+        return {"kind": "set", "items": _sorted_descs(typing.cast(set, obj))}
+    if t is range:
+        r = typing.cast(range, obj)
+        return {"kind": "range", "start": r.start, "stop": r.stop, "step": r.step}
     if isinstance(obj, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
         op = typing.cast(Any, obj)
         if isinstance(obj, torch._ops.OpOverload):
@@ -535,6 +544,12 @@ def _dec_op(desc: Desc) -> object:
     return op
 
 
+def _dec_op_namespace(desc: Desc) -> object:
+    name = _get(desc, "name", str)
+    _expect(name.isidentifier(), name, "an operator namespace name")
+    return getattr(torch.ops, name)
+
+
 def _dec_module(desc: Desc) -> types.ModuleType:
     return _import(_get(desc, "name", str))
 
@@ -610,6 +625,10 @@ _DECODERS: dict[str, Callable[[Desc], object]] = {
     ),
     "module": _dec_module,
     "op": _dec_op,
+    "op_namespace": _dec_op_namespace,
+    "list": lambda d: [decode_value(x) for x in _get(d, "items", list)],
+    "set": lambda d: {decode_value(x) for x in _get(d, "items", list)},
+    "range": lambda d: range(_get(d, "start", int), _get(d, "stop", int), _get(d, "step", int)),
     "module_dict": _dec_module_dict,
     "class": _dec_class,
     "enum": _dec_enum,
@@ -680,12 +699,8 @@ def _fresh_token(code: types.CodeType) -> bytes:
             return token
 
 
-class _SwapOut:
-    """Replace unmarshallable constants by ``(token, table_index)`` tuples."""
-
-    def __init__(self, token: bytes) -> None:
-        self.token = token
-        self.table: list[Desc] = []
+class _ConstWalker:
+    """Rebuilds a code object (nested code included) with each constant mapped by ``const``."""
 
     def code(self, code: types.CodeType, parent: str | None = None) -> types.CodeType:
         label = _label(code, parent)
@@ -696,6 +711,17 @@ class _SwapOut:
             except CodecError as exc:
                 raise exc.located(label, index) from None
         return code.replace(co_consts=tuple(consts))
+
+    def const(self, value: object, label: str) -> object:
+        raise NotImplementedError
+
+
+class _SwapOut(_ConstWalker):
+    """Replace unmarshallable constants by ``(token, table_index)`` tuples."""
+
+    def __init__(self, token: bytes) -> None:
+        self.token = token
+        self.table: list[Desc] = []
 
     def const(self, value: object, label: str) -> object:
         t = type(value)
@@ -711,23 +737,13 @@ class _SwapOut:
         return (self.token, len(self.table) - 1)
 
 
-class _SwapIn:
+class _SwapIn(_ConstWalker):
     """Inverse of ``_SwapOut``; decodes each table entry once, on first use."""
 
     def __init__(self, token: bytes, table: list[object]) -> None:
         self.token = token
         self.table = table
         self.values: dict[int, object] = {}
-
-    def code(self, code: types.CodeType, parent: str | None = None) -> types.CodeType:
-        label = _label(code, parent)
-        consts = []
-        for index, const in enumerate(code.co_consts):
-            try:
-                consts.append(self.const(const, label))
-            except CodecError as exc:
-                raise exc.located(label, index) from None
-        return code.replace(co_consts=tuple(consts))
 
     def const(self, value: object, label: str) -> object:
         t = type(value)
@@ -840,6 +856,8 @@ def loads_code(data: bytes) -> types.CodeType:
         raise CodecError(f"corrupt marshal body ({exc})", fix=_FIX_STALE) from exc
     if type(code) is not types.CodeType:
         raise CodecError(f"payload holds a {type(code).__qualname__}, not code", fix=_FIX_STALE)
+    if not header["table"]:
+        return code  # nothing was swapped out: no placeholder to find
     return _SwapIn(token, header["table"]).code(code)
 
 

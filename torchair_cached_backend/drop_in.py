@@ -15,12 +15,14 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
+import torch
+
 from .key import canonical_json, decomposition_factors
 from .logs import log, warn_once
 from .options import CACHE_HOME_ENV, DEFAULT_CACHE_DIR, parse_options
-from .torchair_config import backend_config, config_snapshot, is_aclgraph_mode
+from .torchair_config import backend_config, is_aclgraph_mode, normalized_config_snapshot
 
-_KWARGS = ("custom_decompositions", "compiler", "fullgraph")
+_KWARGS = ("custom_decompositions", "compiler", "fullgraph", "guards")
 
 
 def _root_dir(cache_dir: str | os.PathLike[str] | None) -> str:
@@ -36,19 +38,18 @@ def _owner_name(func: Any) -> str:
 
 
 def _rank_dir(global_rank: int | None, tp_rank: int | None, pp_rank: int | None) -> str | None:
-    world = None
+    """torchair's rank directory: ``world{W}global_rank{R}`` only inside an initialized
+    process group of more than one rank (``global_rank`` alone adds nothing), then
+    ``tp_rank{t}`` and ``pp_rank{p}`` when given; None when there is no part."""
+    parts = []
     try:
         import torch.distributed as dist
 
-        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:  # as torchair: single card, no rank dir
-            world = dist.get_world_size()
-            if global_rank is None:
-                global_rank = dist.get_rank()
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            rank = dist.get_rank() if global_rank is None else global_rank
+            parts.append(f"world{dist.get_world_size()}global_rank{rank}")
     except Exception:
         pass
-    parts = []
-    if world is not None or global_rank is not None:
-        parts.append(f"world{world if world is not None else 1}global_rank{global_rank or 0}")
     if tp_rank is not None:
         parts.append(f"tp_rank{tp_rank}")
     if pp_rank is not None:
@@ -68,7 +69,7 @@ def model_info(func: Any, *, config: Any, dynamic: bool, ge_cache: bool, compile
     else:  # an nn.Module prints its structure, as torchair hashes it
         described = str(owner)
     options = {
-        "config": config_snapshot(config),
+        "config": normalized_config_snapshot(config),  # None == CompilerConfig(), as in torchair
         "dynamic": dynamic,
         "ge_cache": ge_cache,
         "compiler": compiler,
@@ -84,7 +85,8 @@ def model_info(func: Any, *, config: Any, dynamic: bool, ge_cache: bool, compile
 
 
 def _configs_equal(a: Any, b: Any) -> bool:
-    return a is b or canonical_json(config_snapshot(a)) == canonical_json(config_snapshot(b))
+    """Equal option by option; ``None`` equals a default ``CompilerConfig()``."""
+    return a is b or canonical_json(normalized_config_snapshot(a)) == canonical_json(normalized_config_snapshot(b))
 
 
 class CacheCompiledFunction:
@@ -108,25 +110,49 @@ class CacheCompiledFunction:
         self._fn: Callable[..., Any] | None = None
         self._compiled = False
         self._seen_generation = -1
+        self._variants_seen = 0
+        self._grad_logged = False
+        self._grad_warned = False
         functools.update_wrapper(self, func)  # type: ignore[arg-type]
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        # As torchair's cache_compile: every call runs under torch.no_grad().
+        if not torch.is_grad_enabled():
+            return self._call(args, kwargs)
+        if not self._grad_warned:
+            self._explain_no_grad(args, kwargs)
+        torch._C._set_grad_enabled(False)
+        try:
+            return self._call(args, kwargs)
+        finally:
+            torch._C._set_grad_enabled(True)
+
+    def _call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if self._fn is None:
             self._fn = self._first_call_target()
         out = self._fn(*args, **kwargs)
         if self._compiled:
-            self._check_recompile()
+            self._note_recompile()
         return out
 
-    def _first_call_target(self) -> Callable[..., Any]:
-        from .bypass.loader import CacheMiss, build_replay
+    def _explain_no_grad(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """Say clearly, once, that gradients do not flow through the cached function: a
+        warning when a caller passes inputs that require grad, else one INFO line."""
+        inputs = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor) and a.requires_grad]
+        message = (
+            f"cache_compile runs {getattr(self._func, '__qualname__', self._func)} under torch.no_grad(), as "
+            "torchair's cache_compile does: its outputs never require grad and nothing is recorded for backward. "
+            "For training, call the function directly or use torch.compile without the cache."
+        )
+        if inputs:
+            self._grad_warned = True
+            warn_once(f"no_grad:{id(self)}", "%s (%d input(s) require grad)", message, len(inputs))
+            warnings.warn(message, stacklevel=4)
+        elif not self._grad_logged:
+            self._grad_logged = True
+            log.info("%s", message)
 
-        try:
-            return build_replay(self._func, self._options)
-        except CacheMiss as miss:
-            log.info("cache_compile: %s; compiling", miss)
-        import torch
-
+    def _torch_compile(self) -> Callable[..., Any]:
         from .backend import make_backend
 
         self._compiled = True
@@ -140,31 +166,41 @@ class CacheCompiledFunction:
             fullgraph=self._fullgraph,
         )
 
-    def _check_recompile(self) -> None:
-        """The cache holds one compiled graph per function; a recompile invalidates it.
+    def _first_call_target(self) -> Callable[..., Any]:
+        from .bypass.loader import CacheMiss, _reason_kind, build_replay
+        from .stats import record_fallback
+
+        try:
+            return build_replay(self._func, self._options, fallback=self._torch_compile)
+        except CacheMiss as miss:
+            record_fallback(_reason_kind(str(miss)))
+            log.info("cache_compile: %s; compiling", miss)
+        return self._torch_compile()
+
+    def _note_recompile(self) -> None:
+        """torchair invalidates its single cached graph when Dynamo recompiles; our
+        program keeps one variant per recompile, each selected by its own guards, so
+        a recompile only adds a variant. Say so once, where torchair would warn.
 
         Runs after every call of a compiled function, so it returns at once unless
         Dynamo transformed a frame since the last check."""
         from .bypass import capture
-        from .bypass.capture import builders_for
-        from .bypass.program import program_store
 
         if capture.generation == self._seen_generation:
             return
         self._seen_generation = capture.generation
-
         code = getattr(self._func, "__code__", None) or self._func.__func__.__code__  # type: ignore[attr-defined]
-        for builder in builders_for(code):
-            if builder.cache_dir == self._options.cache_dir and len(builder.variants) > 1 and not builder.disabled:
-                builder.disabled = True
-                program_store(builder.cache_dir).remove(builder.key)
-                message = (
-                    f"cache_compile: skip cache as {builder.identity['qualname']} recompiled (new input shapes or "
-                    f"types); the cache at {self.cache_path} is invalidated. Use dynamic=True, or call with the "
-                    "shapes it was cached for."
+        for builder in capture.builders_for(code):
+            if builder.cache_dir != self._options.cache_dir:
+                continue
+            count = builder.variant_count()
+            if count > 1 and count > self._variants_seen:
+                log.info(
+                    "cache_compile: %s recompiled (new input shapes, types or state); the cache at %s now holds "
+                    "%d variants, each replayed only when its guards hold (torchair would drop its cache here)",
+                    builder.identity["qualname"], self.cache_path, count,
                 )
-                warn_once(f"recompiled:{builder.key}", "%s", message)
-                warnings.warn(message, stacklevel=3)  # as torchair: visible without logging configured
+            self._variants_seen = max(self._variants_seen, count)
 
 
 def cache_compile(
@@ -184,8 +220,10 @@ def cache_compile(
     function, or a closure): same signature and behaviour as torchair's.
 
     ``kwargs`` takes ``custom_decompositions``, ``compiler``
-    (``"auto" | "torchair" | "inductor" | "eager"``) and ``fullgraph`` (default False:
-    graph breaks are cached and replayed; True makes them an error, as in torchair).
+    (``"auto" | "torchair" | "inductor" | "eager"``), ``fullgraph`` (default False:
+    graph breaks are cached and replayed; True makes them an error, as in torchair) and
+    ``guards`` (``"load"`` default, ``"call"``, or ``"none"`` for torchair's unchecked replay).
+    Every call runs under ``torch.no_grad()``, as torchair's does.
     """
     unknown = sorted(set(kwargs) - set(_KWARGS))
     if unknown:
@@ -218,8 +256,14 @@ def cache_compile(
         parts.append(rank_dir)
     parts.append(func.__name__)
     path = os.path.join(*parts)
+    # Graphs are content-addressed by key, so the ranks of a job share one graph store per model
+    # (``${model_info}/graphs``: each distinct graph compiles once, the other ranks wait on its lock
+    # and load it); programs stay in torchair's per-rank layout. A GE cache or aclgraph static
+    # kernels are written beside a graph at run time by its rank, so those graphs stay per rank.
+    shared_graphs = rank_dir is not None and not ge_cache and not is_aclgraph_mode(config)
     backend_options = {
         "cache_dir": path,
+        "graph_dir": os.path.join(parts[0], info) if shared_graphs else None,
         "compiler": compiler,
         "config": config,
         "ge_cache": ge_cache,
@@ -229,6 +273,7 @@ def cache_compile(
         "pp_rank": pp_rank,
         "dynamic": dynamic,
         "reject_rng": True,
+        "guards": kwargs.get("guards", "load"),
     }
     parse_options(backend_options)  # fail now, not at the first call
     fullgraph = kwargs.get("fullgraph", False)

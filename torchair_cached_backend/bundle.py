@@ -1,0 +1,528 @@
+"""Bundles: a cache packed into one tar archive, built once and shipped to a fleet.
+
+Members: every file of every entry, ``cache/<root>/<kind>/<key>/manifest.json`` and
+``.../files/<name>`` (``<root>`` is the entry's cache root relative to the packed
+directory, so a ``cache_compile`` tree unpacks into the same layout); then
+``torchair-bundle.json``, the bundle manifest (each entry with the versions it was
+built under, and the size and sha256 of every member); and, when
+``TORCHAIR_CACHE_KEY`` is set, ``torchair-bundle.sig``: the manifest's HMAC-SHA256.
+
+Unpacking trusts nothing in the archive. Member names are compared with names
+derived from the manifest, never used as paths; an absolute path, ``..``, a
+symlink, hard link, device, fifo or directory, a member not in the manifest, and
+sizes over the limits refuse the whole bundle before anything is written. With
+``TORCHAIR_CACHE_KEY`` set an unsigned or altered bundle is refused. Entries are
+staged in the stores' temporary directories and checked (every member's sha256,
+each entry's own manifest against the bundle's), and only when all of them pass
+is each one published with an atomic rename.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import io
+import json
+import os
+import shutil
+import tarfile
+import time
+import uuid
+from typing import Any
+
+from . import fs_security as fs
+from .inventory import find_entries
+from .logs import log
+from .store import FILES_DIR, KINDS, MANIFEST, TAG, BrokenEntry, Store, valid_name
+
+BUNDLE_MANIFEST = "torchair-bundle.json"
+SIGNATURE = "torchair-bundle.sig"
+FORMAT = "torchair-cache-bundle"
+FORMAT_VERSION = 1
+KEY_ENV = "TORCHAIR_CACHE_KEY"
+_MEMBER_PREFIX = "cache"
+_MAX_MANIFEST_BYTES = 64 << 20
+_CHUNK = 1 << 20
+_COMPRESSIONS = {"none": "", "gz": "gz", "xz": "xz"}
+
+
+class BundleError(Exception):
+    """A bundle that is refused or cannot be made; the message names the problem and the fix."""
+
+
+class Limits:
+    """Bounds on what unpack/verify accept (a bundle is not trusted to be small)."""
+
+    __slots__ = ("max_member_size", "max_total_size", "max_members")
+
+    def __init__(self, max_member_size: int = 4 << 30, max_total_size: int = 64 << 30, max_members: int = 100_000):
+        self.max_member_size = max_member_size
+        self.max_total_size = max_total_size
+        self.max_members = max_members
+
+
+def signing_key(key: str | bytes | None = None) -> bytes | None:
+    """``key``, else ``$TORCHAIR_CACHE_KEY``, as bytes (None when neither is set)."""
+    if key is None:
+        key = os.environ.get(KEY_ENV) or None
+    if isinstance(key, str):
+        key = key.encode()
+    return key
+
+
+def compression_of(path: str, compression: str | None = None) -> str:
+    """``none``/``gz``/``xz``: as given, else from the file name (``.tar.gz``/``.tgz``, ``.tar.xz``/``.txz``)."""
+    if compression is not None:
+        if compression not in _COMPRESSIONS:
+            raise BundleError(f"unknown compression {compression!r}; use one of {sorted(_COMPRESSIONS)}")
+        return compression
+    name = path.lower()
+    if name.endswith((".tar.gz", ".tgz", ".gz")):
+        return "gz"
+    if name.endswith((".tar.xz", ".txz", ".xz")):
+        return "xz"
+    return "none"
+
+
+def _member_base(root: str, kind: str, key: str) -> str:
+    return "/".join([_MEMBER_PREFIX, *([root] if root else []), kind, key])
+
+
+def _mac(key: bytes, data: bytes) -> str:
+    return hmac.new(key, data, hashlib.sha256).hexdigest()
+
+
+# ---------------------------------------------------------------------------
+# pack
+# ---------------------------------------------------------------------------
+
+
+def pack(cache_dir: str, bundle: str, *, compression: str | None = None, key: str | bytes | None = None) -> dict[str, Any]:
+    """Pack every verified entry under ``cache_dir`` (any level of a cache tree)
+    into ``bundle``; broken entries are skipped and reported. Signs the manifest
+    with ``key`` / ``$TORCHAIR_CACHE_KEY`` when set. Returns a summary."""
+    t0 = time.perf_counter()
+    cache_dir = os.path.abspath(cache_dir)
+    mac_key = signing_key(key)
+    located = find_entries(cache_dir)
+    mode = "w:" + _COMPRESSIONS[compression_of(bundle, compression)]
+    tmp = f"{bundle}.tmp-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+    records: list[dict[str, Any]] = []
+    skipped: list[str] = []
+    created = time.time()
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, fs.FILE_MODE)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            with tarfile.open(fileobj=out, mode=mode, format=tarfile.PAX_FORMAT) as tar:
+                for item in located:
+                    try:
+                        entry = item.store.read_verified(item.key)
+                    except BrokenEntry as exc:
+                        skipped.append(f"{item.store.kind}/{item.key[:16]} ({exc})")
+                        continue
+                    if entry is None:
+                        continue
+                    root = "" if item.rel_root == "." else item.rel_root.replace(os.sep, "/")
+                    blobs = {MANIFEST: json.dumps(entry.manifest, indent=1, default=str).encode()}
+                    blobs.update({f"{FILES_DIR}/{name}": data for name, data in entry.files.items()})
+                    base = _member_base(root, item.store.kind, item.key)
+                    files = {}
+                    for rel, data in blobs.items():
+                        _add(tar, f"{base}/{rel}", data, created)
+                        files[rel] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+                    records.append({
+                        "root": root,
+                        "kind": item.store.kind,
+                        "key": item.key,
+                        "versions": entry.manifest.get("versions"),
+                        "size": sum(f["size"] for f in files.values()),
+                        "files": files,
+                    })
+                manifest = {
+                    "format": FORMAT,
+                    "version": FORMAT_VERSION,
+                    "created": created,
+                    "entries": records,
+                    "total_size": sum(r["size"] for r in records),
+                    "members": sum(len(r["files"]) for r in records),
+                }
+                raw = json.dumps(manifest, indent=1, sort_keys=True).encode()
+                _add(tar, BUNDLE_MANIFEST, raw, created)
+                if mac_key:
+                    sig = {"algorithm": "HMAC-SHA256", "mac": _mac(mac_key, raw)}
+                    _add(tar, SIGNATURE, json.dumps(sig).encode(), created)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, bundle)
+    except BaseException:
+        if os.path.lexists(tmp):
+            os.remove(tmp)
+        raise
+    for line in skipped:
+        log.warning("torchair-cache pack: skipped broken entry %s", line)
+    return {
+        "bundle": bundle,
+        "entries": len(records),
+        "skipped_broken": skipped,
+        "payload_bytes": manifest["total_size"],
+        "bundle_bytes": os.path.getsize(bundle),
+        "signed": bool(mac_key),
+        "seconds": time.perf_counter() - t0,
+    }
+
+
+def _add(tar: tarfile.TarFile, name: str, data: bytes, mtime: float) -> None:
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    info.mode = 0o600
+    info.mtime = int(mtime)
+    tar.addfile(info, io.BytesIO(data))
+
+
+# ---------------------------------------------------------------------------
+# reading: every check that needs no write
+# ---------------------------------------------------------------------------
+
+
+class _Scanned:
+    __slots__ = ("manifest", "members", "expected", "signature")
+
+    def __init__(self, manifest: dict[str, Any], members: dict[str, tarfile.TarInfo],
+                 expected: dict[str, dict[str, Any]], signature: str) -> None:
+        self.manifest = manifest
+        self.members = members
+        self.expected = expected  # member name -> {"size", "sha256"}
+        self.signature = signature  # "verified" | "unsigned" | "not checked"
+
+
+def _open(bundle: str) -> tarfile.TarFile:
+    try:
+        return tarfile.open(bundle, "r:*")
+    except FileNotFoundError:
+        raise BundleError(f"bundle {bundle} does not exist") from None
+    except (tarfile.TarError, EOFError, OSError) as exc:
+        raise BundleError(f"{bundle} is not a readable tar archive ({exc}); make bundles with `torchair-cache pack`") from None
+
+
+def _check_member(bundle: str, member: tarfile.TarInfo, limits: Limits) -> None:
+    name = member.name
+    where = f"bundle {bundle}: member {name!r}"
+    if name.startswith("/") or os.path.isabs(name):
+        raise BundleError(f"{where} has an absolute path; refusing the bundle (nothing was written)")
+    if ".." in name.replace("\\", "/").split("/"):
+        raise BundleError(f"{where} contains '..'; refusing the bundle (nothing was written)")
+    kinds = [(member.issym(), "is a symlink"), (member.islnk(), "is a hard link"),
+             (member.ischr() or member.isblk(), "is a device file"), (member.isfifo(), "is a fifo"),
+             (member.isdir(), "is a directory")]
+    for hit, what in kinds:
+        if hit:
+            raise BundleError(f"{where} {what}; bundles hold regular files only. Refusing (nothing was written)")
+    if not member.isreg():
+        raise BundleError(f"{where} is not a regular file; refusing the bundle (nothing was written)")
+    if member.size > limits.max_member_size:
+        raise BundleError(
+            f"{where} is {member.size} bytes, over the limit of {limits.max_member_size}; refusing "
+            "(raise it with --max-member-size if this bundle is trusted)"
+        )
+
+
+def _check_signature(bundle: str, raw: bytes, sig_raw: bytes | None, key: bytes | None) -> str:
+    if key is None:
+        if sig_raw is not None:
+            log.warning("bundle %s is signed but %s is not set: its signature is not checked", bundle, KEY_ENV)
+            return "not checked"
+        return "unsigned"
+    if sig_raw is None:
+        raise BundleError(
+            f"bundle {bundle} is not signed and {KEY_ENV} is set: refusing it. Re-pack it with {KEY_ENV} set "
+            "(the same key), or unset the key to accept unsigned bundles"
+        )
+    try:
+        sig = json.loads(sig_raw)
+        algorithm, mac = sig["algorithm"], sig["mac"]
+    except (ValueError, KeyError, TypeError):
+        raise BundleError(f"bundle {bundle}: its signature member is malformed; refusing it") from None
+    if algorithm != "HMAC-SHA256" or not isinstance(mac, str) or not hmac.compare_digest(_mac(key, raw), mac):
+        raise BundleError(
+            f"bundle {bundle}: the signature does not match its manifest (altered, or signed with another key); "
+            "refusing it (nothing was written)"
+        )
+    return "verified"
+
+
+def _valid_root(root: Any) -> bool:
+    if root == "":
+        return True
+    return isinstance(root, str) and all(
+        part not in ("", ".", "..") and "\\" not in part and "\0" not in part for part in root.split("/")
+    )
+
+
+def _expected_members(bundle: str, manifest: Any) -> dict[str, dict[str, Any]]:
+    """Member name -> size/sha256 as the manifest declares them (structure checked)."""
+    bad = f"bundle {bundle}: malformed manifest"
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise BundleError(f"{bad} (not a {FORMAT}); make bundles with `torchair-cache pack`")
+    if manifest.get("version") != FORMAT_VERSION:
+        raise BundleError(f"bundle {bundle} has format version {manifest.get('version')!r}; this version reads {FORMAT_VERSION}")
+    entries = manifest.get("entries")
+    if not isinstance(entries, list):
+        raise BundleError(f"{bad}: 'entries' is not a list")
+    expected: dict[str, dict[str, Any]] = {}
+    for e in entries:
+        if not isinstance(e, dict) or not _valid_root(e.get("root")) or e.get("kind") not in KINDS \
+                or not valid_name(e.get("key")) or not isinstance(e.get("files"), dict) or MANIFEST not in e["files"]:
+            raise BundleError(f"{bad}: entry {str(e)[:120]!r}")
+        base = _member_base(e["root"], e["kind"], e["key"])
+        for rel, info in e["files"].items():
+            head, _, name = rel.partition("/")
+            if not (rel == MANIFEST or (head == FILES_DIR and valid_name(name))):
+                raise BundleError(f"{bad}: entry file {rel!r} is not manifest.json or files/<name>")
+            if not isinstance(info, dict) or not isinstance(info.get("size"), int) or info["size"] < 0 \
+                    or not isinstance(info.get("sha256"), str) or len(info["sha256"]) != 64:
+                raise BundleError(f"{bad}: record of {rel!r}")
+            if f"{base}/{rel}" in expected:
+                raise BundleError(f"{bad}: {base} is listed twice")
+            expected[f"{base}/{rel}"] = info
+    return expected
+
+
+def _scan(tar: tarfile.TarFile, bundle: str, limits: Limits, key: bytes | None) -> _Scanned:
+    members: dict[str, tarfile.TarInfo] = {}
+    raw = sig_raw = None
+    count = 0
+    while True:
+        try:
+            member = tar.next()
+        except (tarfile.TarError, EOFError, OSError) as exc:
+            raise BundleError(f"bundle {bundle} is corrupt ({exc})") from None
+        if member is None:
+            break
+        count += 1
+        if count > limits.max_members:
+            raise BundleError(f"bundle {bundle} has more than {limits.max_members} members; refusing (raise --max-members if trusted)")
+        _check_member(bundle, member, limits)
+        if member.name in members:
+            raise BundleError(f"bundle {bundle}: member {member.name!r} appears twice; refusing it")
+        members[member.name] = member
+        if member.name in (BUNDLE_MANIFEST, SIGNATURE):
+            if member.size > _MAX_MANIFEST_BYTES:
+                raise BundleError(f"bundle {bundle}: {member.name} is {member.size} bytes; refusing it")
+            data = tar.extractfile(member).read()  # type: ignore[union-attr]
+            if member.name == BUNDLE_MANIFEST:
+                raw = data
+            else:
+                sig_raw = data
+    if raw is None:
+        raise BundleError(f"{bundle} has no {BUNDLE_MANIFEST}: not a bundle made by `torchair-cache pack`")
+    signature = _check_signature(bundle, raw, sig_raw, key)
+    try:
+        manifest = json.loads(raw)
+    except ValueError as exc:
+        raise BundleError(f"bundle {bundle}: {BUNDLE_MANIFEST} is not valid JSON ({exc})") from None
+    expected = _expected_members(bundle, manifest)
+    total = 0
+    for name, member in members.items():
+        if name in (BUNDLE_MANIFEST, SIGNATURE):
+            continue
+        info = expected.get(name)
+        if info is None:
+            raise BundleError(f"bundle {bundle}: member {name!r} is not in its manifest; refusing (nothing was written)")
+        if member.size != info["size"]:
+            raise BundleError(f"bundle {bundle}: member {name!r} is {member.size} bytes, its manifest says {info['size']}")
+        total += member.size
+    missing = sorted(set(expected) - set(members))
+    if missing:
+        raise BundleError(f"bundle {bundle} lacks {len(missing)} member(s) its manifest lists, e.g. {missing[0]!r} (truncated?)")
+    if total > limits.max_total_size:
+        raise BundleError(f"bundle {bundle} unpacks to {total} bytes, over the limit of {limits.max_total_size}; "
+                          "refusing (raise --max-total-size if trusted)")
+    return _Scanned(manifest, members, expected, signature)
+
+
+def _stream_member(tar: tarfile.TarFile, bundle: str, scanned: _Scanned, name: str, sink: Any = None) -> bytes | None:
+    """Read member ``name`` in chunks, checking its size and sha256; write it to
+    ``sink`` (a binary file) or return its bytes when ``sink`` is None."""
+    info = scanned.expected[name]
+    src = tar.extractfile(scanned.members[name])
+    if src is None:
+        raise BundleError(f"bundle {bundle}: member {name!r} has no data")
+    digest = hashlib.sha256()
+    kept = [] if sink is None else None
+    size = 0
+    while True:
+        chunk = src.read(_CHUNK)
+        if not chunk:
+            break
+        size += len(chunk)
+        if size > info["size"]:
+            break
+        digest.update(chunk)
+        if kept is None:
+            sink.write(chunk)
+        else:
+            kept.append(chunk)
+    if size != info["size"] or digest.hexdigest() != info["sha256"]:
+        raise BundleError(f"bundle {bundle}: member {name!r} fails its sha256 checksum (corrupted or altered); "
+                          "refusing the bundle (nothing was published)")
+    return None if kept is None else b"".join(kept)
+
+
+def _check_entry(bundle: str, e: dict[str, Any], entry_manifest: bytes) -> None:
+    """The entry's own manifest must name exactly the blobs the bundle carries for it."""
+    where = f"bundle {bundle}: entry {e['kind']}/{e['key'][:16]}"
+    try:
+        m = json.loads(entry_manifest)
+        files = m["files"]
+        declared = {f"{FILES_DIR}/{n}": (int(i["size"]), str(i["sha256"])) for n, i in files.items()}
+    except (ValueError, KeyError, TypeError, AttributeError):
+        raise BundleError(f"{where} has a malformed manifest.json") from None
+    if m.get("key") != e["key"]:
+        raise BundleError(f"{where}: its manifest.json belongs to key {str(m.get('key'))[:16]!r}")
+    carried = {rel: (i["size"], i["sha256"]) for rel, i in e["files"].items() if rel != MANIFEST}
+    if declared != carried:
+        raise BundleError(f"{where}: its manifest.json and the bundle disagree on its files")
+
+
+def _entries_versions(manifest: dict[str, Any]) -> list[dict[str, Any]]:
+    seen: list[dict[str, Any]] = []
+    for e in manifest["entries"]:
+        v = e.get("versions")
+        if v and v not in seen:
+            seen.append(v)
+    return seen
+
+
+def verify(bundle: str, *, key: str | bytes | None = None, limits: Limits | None = None) -> dict[str, Any]:
+    """Check a bundle completely without writing anything: structure, limits,
+    signature (when a key is set), every member's sha256, every entry's manifest.
+    Raises BundleError naming the first problem; returns a summary."""
+    t0 = time.perf_counter()
+    limits = limits or Limits()
+    with _open(bundle) as tar:
+        scanned = _scan(tar, bundle, limits, signing_key(key))
+        for e in scanned.manifest["entries"]:
+            base = _member_base(e["root"], e["kind"], e["key"])
+            entry_manifest = _stream_member(tar, bundle, scanned, f"{base}/{MANIFEST}")
+            for rel in e["files"]:
+                if rel != MANIFEST:
+                    _stream_member(tar, bundle, scanned, f"{base}/{rel}", sink=_NullSink())
+            _check_entry(bundle, e, entry_manifest or b"")
+    return _summary(bundle, scanned, t0)
+
+
+class _NullSink:
+    def write(self, data: bytes) -> None:
+        pass
+
+
+def _summary(bundle: str, scanned: _Scanned, t0: float, **extra: Any) -> dict[str, Any]:
+    return {
+        "bundle": bundle,
+        "entries": len(scanned.manifest["entries"]),
+        "payload_bytes": sum(e["size"] for e in scanned.manifest["entries"] if isinstance(e.get("size"), int)),
+        "signature": scanned.signature,
+        "versions": _entries_versions(scanned.manifest),
+        "seconds": time.perf_counter() - t0,
+        **extra,
+    }
+
+
+def read_manifest(bundle: str, *, limits: Limits | None = None) -> dict[str, Any]:
+    """The bundle manifest (structure checked, checksums not): what ``ls BUNDLE`` prints."""
+    with _open(bundle) as tar:
+        return _scan(tar, bundle, limits or Limits(), None).manifest
+
+
+# ---------------------------------------------------------------------------
+# unpack
+# ---------------------------------------------------------------------------
+
+
+def _make_dirs(path: str, created: list[str]) -> None:
+    """mkdir -p with 0700, recording what was created (removed again on failure)."""
+    missing = []
+    probe = path
+    while not os.path.lexists(probe):
+        missing.append(probe)
+        probe = os.path.dirname(probe)
+    for d in reversed(missing):
+        os.mkdir(d, fs.DIR_MODE)
+        created.append(d)
+
+
+def unpack(bundle: str, cache_dir: str, *, key: str | bytes | None = None, limits: Limits | None = None) -> dict[str, Any]:
+    """Unpack ``bundle`` into ``cache_dir`` after checking everything (see the module
+    docstring). Entries already present and intact are kept. Raises BundleError
+    (nothing written) for any refusal; returns a summary."""
+    t0 = time.perf_counter()
+    cache_dir = os.path.abspath(cache_dir)
+    limits = limits or Limits()
+    staged: list[tuple[Store, str, str]] = []
+    created: list[str] = []
+    published: list[str] = []
+    kept: list[str] = []
+    with _open(bundle) as tar:
+        scanned = _scan(tar, bundle, limits, signing_key(key))  # nothing is written before this passes
+        try:
+            for e in scanned.manifest["entries"]:
+                root = os.path.join(cache_dir, *e["root"].split("/")) if e["root"] else cache_dir
+                store = Store(root, e["kind"])
+                _make_dirs(store.dir, created)
+                fs.ensure_dir(store.dir, root=cache_dir)  # every level: a real dir we own
+                tmp = os.path.join(store.dir, f".tmp-{e['key'][:16]}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+                os.mkdir(tmp, fs.DIR_MODE)
+                staged.append((store, e["key"], tmp))
+                os.mkdir(os.path.join(tmp, FILES_DIR), fs.DIR_MODE)
+                base = _member_base(e["root"], e["kind"], e["key"])
+                for rel in e["files"]:
+                    target = os.path.join(tmp, *rel.split("/"))
+                    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), fs.FILE_MODE)
+                    with os.fdopen(fd, "wb") as sink:
+                        _stream_member(tar, bundle, scanned, f"{base}/{rel}", sink=sink)
+                        sink.flush()
+                        os.fsync(sink.fileno())
+                with open(os.path.join(tmp, MANIFEST), "rb") as f:
+                    _check_entry(bundle, e, f.read())
+            for store, key, tmp in staged:  # everything checked: publish, entry by entry
+                name = f"{store.kind}/{key[:16]}"
+                if _keep_existing(store, key):
+                    kept.append(name)
+                    shutil.rmtree(tmp, ignore_errors=True)
+                    continue
+                try:
+                    os.rename(tmp, store.entry_path(key))
+                except OSError:
+                    if not _keep_existing(store, key):
+                        raise
+                    kept.append(name)
+                    shutil.rmtree(tmp, ignore_errors=True)
+                    continue
+                published.append(name)
+            for root in sorted({s.root for s, _, _ in staged}):
+                tag = os.path.join(root, TAG)
+                if not os.path.lexists(tag):
+                    store = Store(root, KINDS[0])
+                    store.prepare(quiet=True)  # writes CACHEDIR.TAG
+        except BaseException:
+            for _, _, tmp in staged:
+                shutil.rmtree(tmp, ignore_errors=True)
+            if not published:
+                for d in reversed(created):
+                    try:
+                        os.rmdir(d)
+                    except OSError:
+                        pass
+            raise
+    return _summary(bundle, scanned, t0, cache_dir=cache_dir, published=len(published), kept=len(kept))
+
+
+def _keep_existing(store: Store, key: str) -> bool:
+    """An intact entry already at ``key`` is kept; a broken one is set aside for the bundle's."""
+    if not os.path.lexists(store.entry_path(key)):
+        return False
+    try:
+        return store.read_verified(key) is not None
+    except BrokenEntry as exc:
+        store.quarantine(key, f"{exc}; replaced by an unpacked bundle entry")
+        return False

@@ -1,0 +1,137 @@
+"""Generating a frame's check module from its guard expressions, and testing it.
+
+The guard expressions come from ``guard_capture`` in Dynamo's own form, over
+``L['name']`` (frame locals) and ``___G[...]`` (the module globals). Here they
+become a module with three functions that bind like the frame's function
+(``___bind``, ``___call_check``, ``___full_check``: ``L['x']`` becomes the
+parameter ``x``) and one load-time check over a locals dict (``___load_check``).
+Before it is stored, the module is run on the values it was made from: every
+guard must hold.
+"""
+
+from __future__ import annotations
+
+import re
+import types
+from typing import TYPE_CHECKING, Any
+
+from .. import code_codec
+from .guard_runtime import CHECKS_FORMAT, HELPERS, decode_const, receiver_value
+
+if TYPE_CHECKING:
+    from .guard_capture import _Builder
+
+LOCAL_RE = re.compile(r"(?<![\w\]'\"])L\[(['\"])([A-Za-z_][A-Za-z0-9_]*)\1\]")
+
+
+class Unsupported(Exception):
+    """A guard that cannot be checked in another process; the message names it."""
+
+
+def signature_params(code: types.CodeType, with_cells: bool) -> tuple[str, list[str]]:
+    """The parameter list of ``code`` as Python source (no defaults), and the names it binds."""
+    names = list(code.co_varnames[: code.co_argcount])
+    parts = list(names)
+    if code.co_posonlyargcount:
+        parts.insert(code.co_posonlyargcount, "/")
+    i = code.co_argcount + code.co_kwonlyargcount
+    kwonly = list(code.co_varnames[code.co_argcount : i])
+    varargs = varkw = None
+    if code.co_flags & 0x04:
+        varargs = code.co_varnames[i]
+        i += 1
+    if code.co_flags & 0x08:
+        varkw = code.co_varnames[i]
+    if varargs:
+        parts.append("*" + varargs)
+    elif kwonly or with_cells:
+        parts.append("*")
+    parts.extend(kwonly)
+    if with_cells:
+        parts.append("___cells=()")
+    if varkw:
+        parts.append("**" + varkw)
+    bound = names + ([varargs] if varargs else []) + kwonly + ([varkw] if varkw else [])
+    return ", ".join(parts), bound
+
+
+def source_module(builder: _Builder, call_params: str, defs: list[str]) -> str:
+    lines = [f"# npu_cached guard checks, format {CHECKS_FORMAT}"]
+    call = [g["expr"] for g in builder.guards if g["scope"] == "call"]
+    everything = [g["expr"] for g in builder.guards]
+    if builder.resume and builder.receiver is not None:
+        call.insert(0, f"({builder.receiver} is ___recv)")
+    bound = [f"{n!r}: {n}" for n in defs]
+    if builder.uses_cells:
+        bound += [f"{n!r}: ___cells[{i}].cell_contents" for i, n in enumerate(builder.freevars)]
+    lines.append(f"def ___bind({call_params}):\n    return {{{', '.join(bound)}}}")
+    lines.append(f"def ___call_check({call_params}):\n    return {' and '.join(builder_param(builder, x) for x in call) or 'True'}")
+    lines.append(f"def ___full_check({call_params}):\n    return {' and '.join(builder_param(builder, x) for x in everything) or 'True'}")
+    # load-time guards, evaluated once in order; the index of the first that fails (messages are
+    # made only then, from the expression text kept in the JSON meta)
+    body = [f"    if not {g['expr']}: return {i}" for i, g in enumerate(builder.guards) if g["scope"] == "load"]
+    lines.append("def ___load_check(L):\n" + "\n".join(body + ["    return -1"]))
+    return "\n".join(lines) + "\n"
+
+
+def builder_param(builder: _Builder, expr: str) -> str:
+    """L-form -> parameter form: ``L['x']`` is the parameter ``x``; a free variable
+    is read from the closure cells the check is given."""
+
+    def local(m: re.Match[str]) -> str:
+        name = m.group(2)
+        if name in builder.params:
+            return name
+        if name in builder.freevars:
+            builder.uses_cells = True
+            return f"___cells[{builder.freevars.index(name)}].cell_contents"
+        raise Unsupported(f"guard reads frame local {name!r}")
+
+    return LOCAL_RE.sub(local, expr)
+
+
+def call_args(code: types.CodeType, local: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
+    """Positional and keyword arguments that re-bind a frame's locals to its parameters."""
+    n = code.co_argcount
+    pos = [local[name] for name in code.co_varnames[:n]]
+    i = n + code.co_kwonlyargcount
+    kwargs = {name: local[name] for name in code.co_varnames[n:i]}
+    if code.co_flags & 0x04:
+        pos.extend(local[code.co_varnames[i]])
+        i += 1
+    if code.co_flags & 0x08:
+        kwargs.update(local[code.co_varnames[i]])
+    return pos, kwargs
+
+
+def self_test(
+    compiled: types.CodeType,
+    builder: _Builder,
+    code: types.CodeType,
+    local_scope: dict[str, Any],
+    global_scope: dict[str, Any],
+    receiver: str | None,
+) -> None:
+    """Run the generated checks on the frame's own values: all must hold."""
+    namespace = dict(HELPERS)
+    namespace["___G"] = global_scope
+    namespace["___cells"] = tuple(types.CellType(local_scope.get(n)) for n in builder.freevars)
+    namespace["___recv"] = receiver_value(receiver, local_scope)
+    roundtrip = code_codec.loads_code(code_codec.dumps_code(compiled))
+    for i, desc in enumerate(builder.consts):
+        namespace[f"___c{i}"] = decode_const(desc)
+    exec(roundtrip, namespace)  # noqa: S102 - just generated above
+    for entry in builder.guards:
+        try:
+            ok = eval(entry["expr"], namespace, {"L": local_scope})  # noqa: S307 - generated above
+        except Exception as exc:
+            raise Unsupported(f"guard {entry['desc']!r} cannot be evaluated: {type(exc).__name__}: {exc}") from exc
+        if not ok:
+            raise Unsupported(f"guard {entry['desc']!r} does not hold for the values it was made from")
+    if namespace["___load_check"](local_scope) != -1:
+        raise Unsupported("the generated load-time check fails for the values it was made from")
+    pos, kwargs = call_args(code, local_scope)
+    if builder.uses_cells:
+        kwargs = dict(kwargs, ___cells=namespace["___cells"])
+    if not (namespace["___full_check"](*pos, **kwargs) and namespace["___call_check"](*pos, **kwargs)):
+        raise Unsupported("the generated check does not accept the call it was made from")

@@ -1,0 +1,275 @@
+"""Evaluating recorded guards at a warm start, without Dynamo.
+
+A frame's guards are stored as a small generated Python module (compiled once
+at capture, marshalled through our code codec) plus a JSON table of the
+constants it compares against. This module rebuilds that namespace: the helper
+functions the guard expressions call, the decoded constants, and the live
+module globals the expressions read as ``___G``. The same namespace is used at
+capture to self-test the generated checks, so both processes evaluate
+identically.
+"""
+
+from __future__ import annotations
+
+import collections
+import importlib
+import math
+import types
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from .. import code_codec
+
+#: bumped when the generated check module's contract changes
+CHECKS_FORMAT = 1
+
+
+def _odict_getitem(d: Any, key: Any) -> Any:
+    return collections.OrderedDict.__getitem__(d, key)
+
+
+def _dict_contains(key: Any, d: Any) -> bool:
+    return dict.__contains__(d, key)
+
+
+def _tuple_iterator_len(it: Any) -> int:
+    _, (obj,), start = it.__reduce__()
+    return len(obj) - start
+
+
+def _tuple_iterator_getitem(it: Any, index: int) -> Any:
+    _, (obj,), start = it.__reduce__()
+    return obj[start + index]
+
+
+def _dataclass_fields(obj: Any) -> Any:
+    import dataclasses
+
+    return dataclasses.fields(obj)
+
+
+def _type_name(cls: Any) -> str:
+    """``module.qualname`` of a class: how a class defined in a function is named across processes."""
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _eq(value: Any, expected: Any) -> bool:
+    """Dynamo's EQUALS_MATCH: same type and equal (NaN equals NaN)."""
+    if type(value) is not type(expected):
+        return False
+    if value == expected:
+        return True
+    return isinstance(expected, float) and math.isnan(expected) and math.isnan(value)
+
+
+_fp_memo: dict[int, tuple[Any, str]] = {}
+
+
+def _code_fp(code: Any) -> str:
+    """Fingerprint of a code object, memoized per object (a live code object never changes)."""
+    hit = _fp_memo.get(id(code))
+    if hit is not None and hit[0] is code:
+        return hit[1]
+    fp = code_codec.code_fingerprint(code)
+    _fp_memo[id(code)] = (code, fp)
+    return fp
+
+
+def _fn_fp(fn: Any) -> str:
+    """A Python function by what it runs: its code's fingerprint (defaults and closure
+    contents are guarded separately, as Dynamo does)."""
+    code = getattr(fn, "__code__", None)
+    if not isinstance(code, types.CodeType):
+        return f"<not a Python function: {type(fn).__qualname__}>"
+    return _code_fp(code)
+
+
+def _autocast(device_type: str) -> tuple[bool, Any]:
+    if not torch.is_autocast_enabled(device_type):
+        return (False, None)
+    return (True, torch.get_autocast_dtype(device_type))
+
+
+def _tensor_meta(t: Any) -> str:
+    """``float32[7, 16] stride (16, 1) cpu``: what a tensor guard compares, for messages."""
+    if not isinstance(t, torch.Tensor):
+        return f"not a tensor ({type(t).__qualname__})"
+    grad = " requires_grad" if t.requires_grad else ""
+    return f"{str(t.dtype).replace('torch.', '')}{list(t.shape)} stride {tuple(t.stride())} {t.device}{grad}"
+
+
+#: names the generated guard expressions may call (Dynamo's helper names where its
+#: source expressions use them, ``___``-prefixed ones of our own otherwise)
+HELPERS: dict[str, Any] = {
+    "___odict_getitem": _odict_getitem,
+    "___dict_contains": _dict_contains,
+    "___tuple_iterator_len": _tuple_iterator_len,
+    "___tuple_iterator_getitem": _tuple_iterator_getitem,
+    "___dataclass_fields": _dataclass_fields,
+    "___namedtuple_fields": lambda x: x._fields,
+    "__math_isnan": math.isnan,
+    "math": math,
+    "inf": math.inf,
+    "__load_module": importlib.import_module,
+    "device": torch.device,
+    "torch": torch,
+    "___tname": _type_name,
+    "___tmeta": _tensor_meta,
+    "___eq": _eq,
+    "___code_fp": _code_fp,
+    "___fn_fp": _fn_fp,
+    "___grad": torch.is_grad_enabled,
+    "___any_autocast": torch._C._is_any_autocast_enabled,
+    "___autocast": _autocast,
+    "___default_dtype": torch.get_default_dtype,
+    "___deterministic": lambda: (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+    ),
+}
+
+
+class GuardChecks:
+    """The checks of one frame, rebuilt in this process.
+
+    ``call(*args, **kwargs)`` binds like the frame's function and says whether the
+    per-call guards hold; ``full`` checks every guard per call (used when the
+    receiver is not fixed at load, and for ``guards="call"``); ``load_failures``
+    evaluates the load-time guards once and names the ones that fail. Messages
+    are made only on failure, from the guard's expression text.
+    """
+
+    __slots__ = ("call", "full", "bind", "load_check", "meta", "receiver", "namespace")
+
+    def __init__(self, namespace: dict[str, Any], meta: list[dict[str, Any]], receiver: str | None) -> None:
+        self.call: Callable[..., bool] = namespace["___call_check"]
+        self.full: Callable[..., bool] = namespace["___full_check"]
+        self.bind: Callable[..., dict[str, Any]] = namespace["___bind"]
+        self.load_check: Callable[[dict[str, Any]], int] = namespace["___load_check"]
+        self.meta = meta
+        self.receiver = receiver
+        self.namespace = namespace
+
+    def set_defaults(self, defaults: tuple[Any, ...] | None, kwdefaults: dict[str, Any] | None) -> None:
+        """Bind like the live function: same positional and keyword-only defaults
+        (plus the closure cells the checks read free variables from)."""
+        for fn in (self.call, self.full, self.bind):
+            fn.__defaults__ = defaults
+            merged = dict(fn.__kwdefaults__ or {})
+            merged.update(kwdefaults or {})
+            fn.__kwdefaults__ = merged or None
+
+    def load_failures(self, local: dict[str, Any]) -> list[str]:
+        """The load-time guards that fail for ``local`` (the receiver, closure contents)."""
+        try:
+            first = self.load_check(local)
+        except Exception:
+            first = 0
+        if first == -1:
+            return []
+        return self.failures(local, ("load",)) or ["a load-time guard fails"]
+
+    def failures(self, local: dict[str, Any], scopes: tuple[str, ...]) -> list[str]:
+        """Descriptions of the guards of ``scopes`` that fail for the frame locals ``local`` (slow path)."""
+        failed = []
+        for meta in self.meta:
+            if meta["scope"] not in scopes:
+                continue
+            try:
+                ok = bool(self._eval(meta["expr"], local))
+            except Exception as exc:  # the object the guard reads is gone or changed shape
+                failed.append(f"{meta['desc']} ({type(exc).__name__}: {exc})")
+                continue
+            if not ok:
+                failed.append(self._describe(meta, local))
+        return failed
+
+    def _eval(self, expr: str, local: dict[str, Any]) -> Any:
+        return eval(expr, self.namespace, {"L": local})  # noqa: S307 - our own stored, checksummed expression
+
+    def _describe(self, meta: dict[str, Any], local: dict[str, Any]) -> str:
+        """``self.scale: 2.0 -> 3.0`` where the guard reads a value, else the guard itself."""
+        if meta.get("edited"):
+            return f"{meta['desc']} was edited since it was cached"
+        if "reader" not in meta:
+            return f"{meta['desc']} no longer holds"
+        try:
+            value = self._eval(meta["reader"], local)
+            now = value if meta["kind"] == "TENSOR_MATCH" else short(value)
+        except Exception as exc:
+            now = f"<{type(exc).__name__}>"
+        what = meta["desc"].split(" == ")[0].split(" (dtype")[0]
+        return f"{what}: {meta.get('was', '?')} -> {now}"
+
+    def call_failures(self, args: tuple[Any, ...], kwargs: dict[str, Any], full: bool) -> list[str]:
+        """Per-call guards that fail for these arguments (for the log line; slow path)."""
+        try:
+            local = self.bind(*args, **kwargs)
+        except TypeError as exc:
+            return [f"arguments do not bind: {exc}"]
+        return self.failures(local, ("load", "call") if full else ("call",))
+
+
+def short(value: Any) -> str:
+    """A process-independent, short rendering of a guarded value (no addresses)."""
+    if isinstance(value, torch.Tensor):
+        return _tensor_meta(value)
+    if isinstance(value, (types.FunctionType, types.BuiltinFunctionType, type, types.MethodType)):
+        return f"<{type(value).__name__} {getattr(value, '__module__', '?')}.{getattr(value, '__qualname__', '?')}>"
+    if isinstance(value, types.ModuleType):
+        return f"<module {value.__name__}>"
+    try:
+        text = repr(value)
+    except Exception:
+        text = f"<{type(value).__qualname__}>"
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def receiver_locals(ref: str | None, value: Any) -> dict[str, Any]:
+    """Frame locals that make ``ref`` evaluate to ``value`` (for load-time checks)."""
+    if ref is None:
+        return {}
+    name = ref[3 : ref.index("]") - 1]  # L['name'] or L['name'][0]
+    return {name: (value,) if ref.endswith("[0]") else value}
+
+
+def receiver_value(ref: str | None, local_scope: dict[str, Any]) -> Any:
+    if ref is None:
+        return None
+    return eval(ref, {}, {"L": local_scope})  # noqa: S307 - L[name] or L[name][0]
+
+
+def build_checks(
+    code_blob: bytes,
+    consts: list[Any],
+    meta: list[dict[str, Any]],
+    scope: dict[str, Any],
+    receiver: str | None,
+    recv: Any = None,
+    memo: dict[str, Any] | None = None,
+) -> GuardChecks:
+    """Rebuild a frame's checks: decode constants, exec the stored check module
+    with ``scope`` (the live module globals) as ``___G``; ``recv`` is the bound
+    receiver a resume frame's receiver argument must be."""
+    namespace: dict[str, Any] = dict(HELPERS)
+    namespace["___G"] = scope
+    namespace["___recv"] = recv
+    memo = {} if memo is None else memo
+    for i, desc in enumerate(consts):
+        key = repr(desc)  # variants of one program share most constants (descs come from one JSON: same order)
+        if key not in memo:
+            memo[key] = decode_const(desc)
+        namespace[f"___c{i}"] = memo[key]
+    code = code_codec.loads_code(code_blob)
+    exec(code, namespace)  # noqa: S102 - generated by our capture, checksummed in the store
+    return GuardChecks(namespace, meta, receiver)
+
+
+def decode_const(desc: Any) -> Any:
+    """A constant of the check table: a codec descriptor, or a class/function named
+    by path that may not be importable (then compared by name)."""
+    if isinstance(desc, dict) and desc.get("kind") == "typename":
+        return desc["name"]
+    return code_codec.decode_value(desc)

@@ -1,0 +1,190 @@
+"""What a replayed function is at run time: variant dispatch and the graph-break stand-ins.
+
+``ReplayedFunction`` calls the first variant whose per-call guards hold (else
+compiles the call with Dynamo, once, lazily); ``_ResumeDispatch`` /
+``_ResumeFactory`` stand in for Dynamo's resume functions after a graph break
+(else run the original continuation eagerly). Everything here runs on every
+call, so it is kept short; building these objects is ``loader``'s job.
+"""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Callable
+from typing import Any
+
+from ..logs import log, warn_once
+from ..stats import record_fallback
+from .guard_runtime import GuardChecks
+from .signature import InputSignatureError
+
+
+class Variant:
+    """One replayable root frame: its function and the check that selects it."""
+
+    __slots__ = ("check", "fn", "checks")
+
+    def __init__(self, check: Callable[..., bool], fn: Callable[..., Any], checks: GuardChecks | None) -> None:
+        self.check = check
+        self.fn = fn
+        self.checks = checks
+
+
+def always(*args: Any, **kwargs: Any) -> bool:
+    return True
+
+
+class ReplayedFunction:
+    """A function replayed from cache: each call goes to the first variant whose
+    guards hold for it, else to Dynamo (lazily compiled, caching as it goes)."""
+
+    def __init__(
+        self,
+        variants: list[Variant],
+        bound_self: Any,
+        qualname: str,
+        fallback: Callable[[], Callable[..., Any]],
+        module: Any = None,
+    ) -> None:
+        self._variants = variants
+        self._self = bound_self
+        self._prefix = () if bound_self is None else (bound_self,)
+        self._fallback_factory = fallback
+        self._compiled: Callable[..., Any] | None = None
+        self._module = module
+        self._hooks: tuple[dict[Any, Any], ...] = ()
+        if module is not None:
+            from torch.nn.modules import module as nn_module
+
+            self._hooks = (module._forward_pre_hooks, module._forward_hooks,
+                           nn_module._global_forward_pre_hooks, nn_module._global_forward_hooks)
+        self._first = variants[0] if len(variants) == 1 else None
+        self.__qualname__ = self.__name__ = qualname
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        hooks = self._hooks
+        if hooks and (hooks[0] or hooks[1] or hooks[2] or hooks[3]):
+            return self._call_with_hooks(args, kwargs)
+        first = self._first
+        if first is not None:  # one variant: the common case, kept short
+            prefix = self._prefix
+            try:
+                ok = first.check(*prefix, *args, **kwargs)
+            except Exception:
+                ok = None
+            if ok:
+                return first.fn(*prefix, *args, **kwargs)
+        return self._dispatch(args, kwargs)
+
+    def _dispatch(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        prefix = self._prefix
+        for variant in self._variants:
+            try:
+                ok = variant.check(*prefix, *args, **kwargs)
+            except TypeError:
+                ok = self._binds(variant, args, kwargs)
+            except Exception:  # a guard read something that is not there: not this variant
+                ok = False
+            if ok:
+                return variant.fn(*prefix, *args, **kwargs)
+        return self._fall_back(args, kwargs)
+
+    def _binds(self, variant: Variant, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        """A TypeError from a check is either a guard that does not apply (False) or
+        arguments the function does not take (the caller's error, raised as such)."""
+        if variant.checks is None:
+            return False
+        try:
+            variant.checks.bind(*self._prefix, *args, **kwargs)
+        except TypeError as exc:
+            raise InputSignatureError(f"{self.__qualname__}(): {exc}") from None
+        return False
+
+    def _call_with_hooks(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Module hooks run around ``forward`` in ``nn.Module.__call__``: run them
+        there, with this replay as the forward."""
+        module = self._module
+        module.__dict__["forward"] = lambda *a, **k: self._dispatch(a, k)
+        try:
+            return module(*args, **kwargs)
+        finally:
+            module.__dict__.pop("forward", None)
+
+    def _fall_back(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if self._compiled is None:
+            reasons = self._why_no_variant(args, kwargs)
+            record_fallback("no cached variant matches the call")
+            log.warning(
+                "npu_cached: %s: no cached variant fits this call (%s); compiling it with Dynamo (the cache "
+                "gains this variant)", self.__qualname__, "; ".join(reasons[:3]) or "no variant",
+            )
+            self._compiled = self._fallback_factory()
+        return self._compiled(*args, **kwargs)
+
+    def _why_no_variant(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[str]:
+        reasons = []
+        for variant in self._variants:
+            if variant.checks is not None:
+                full = variant.check is variant.checks.full
+                failed = variant.checks.call_failures((*self._prefix, *args), kwargs, full)
+                reasons.append(failed[0] if failed else "a guard failed")
+        return reasons
+
+
+class ResumeDispatch:
+    """Stands in for a resume function: the first transformed variant whose guards
+    hold, else the original resume code, run eagerly (correct, uncompiled)."""
+
+    __slots__ = ("variants", "eager", "name", "__weakref__")
+
+    def __init__(self, variants: list[tuple[Callable[..., bool], types.CodeType]], eager: types.CodeType,
+                 scope: dict[str, Any], name: str) -> None:
+        self.variants = [(check, types.FunctionType(code, scope, name)) for check, code in variants]
+        self.eager = types.FunctionType(eager, scope, name)
+        self.name = name
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        for check, fn in self.variants:
+            try:
+                ok = check(*args, **kwargs)
+            except Exception:
+                ok = False
+            if ok:
+                return fn(*args, **kwargs)
+        _eager_resume(self.name)
+        return self.eager(*args, **kwargs)
+
+
+class ResumeFactory:
+    """Stands in for the factory Dynamo installs for resume functions with free
+    variables: given the cells, the dispatch over variants built with them."""
+
+    __slots__ = ("variants", "eager", "scope", "name")
+
+    def __init__(self, variants: list[tuple[Callable[..., bool], types.CodeType]], eager: types.CodeType,
+                 scope: dict[str, Any], name: str) -> None:
+        self.variants = variants
+        self.eager = eager
+        self.scope = scope
+        self.name = name
+
+    def __call__(self, cells: tuple[Any, ...]) -> Callable[..., Any]:
+        scope, name = self.scope, self.name
+
+        def resume(*args: Any, **kwargs: Any) -> Any:
+            for check, code in self.variants:
+                try:
+                    ok = check(*args, ___cells=cells, **kwargs)
+                except Exception:
+                    ok = False
+                if ok:
+                    return types.FunctionType(code, scope, name, None, cells)(*args, **kwargs)
+            _eager_resume(name)
+            return types.FunctionType(self.eager, scope, name, None, cells)(*args, **kwargs)
+
+        return resume
+
+
+def _eager_resume(name: str) -> None:
+    warn_once(f"eager-resume:{name}", "npu_cached: no cached variant of the code after a graph break (%s) fits; "
+              "it runs eagerly (correct, not compiled)", name)

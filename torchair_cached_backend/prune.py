@@ -1,0 +1,99 @@
+"""Bound a cache's size: quarantined entries go first, then least recently used ones.
+
+"Used" is the manifest's ``last_used`` (refreshed at most hourly by a hit). An
+entry being read (a reader holds a shared flock on it) or compiled (its key's
+lock is held) is never removed: pruning takes both locks without waiting and
+skips the entry when either is held. Leftovers of writers that died
+(``.tmp-*``/``.trash-*``) are swept too.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterable
+
+from .inventory import disk_size, find_entries
+from .logs import log
+from .store import QUARANTINE_DIR, BrokenEntry
+
+
+class PruneReport:
+    """What :func:`prune` found and did (sizes in bytes)."""
+
+    __slots__ = ("size_before", "size_after", "removed", "busy", "max_size")
+
+    def __init__(self, max_size: int) -> None:
+        self.max_size = max_size
+        self.size_before = 0
+        self.size_after = 0
+        self.removed: list[str] = []  # "graphs/<key>" or "quarantine/<name>"
+        self.busy: list[str] = []  # entries skipped because they were being read or compiled
+
+    def __repr__(self) -> str:
+        return (f"PruneReport(max_size={self.max_size}, size_before={self.size_before}, size_after={self.size_after}, "
+                f"removed={len(self.removed)}, busy={len(self.busy)})")
+
+
+def _last_used(located) -> float:
+    try:
+        manifest = located.store.read_manifest(located.key) or {}
+        return float(manifest.get("last_used", manifest.get("created", 0)))
+    except (BrokenEntry, OSError, TypeError, ValueError):
+        return 0.0  # a broken manifest: first to go
+
+
+def prune(path: str, max_size: int, *, dry_run: bool = False, keep: Iterable[str] = (),
+          stale_tmp_age_s: float = 3600.0) -> PruneReport:
+    """Delete entries under ``path`` (any level of a cache tree) until it holds at
+    most ``max_size`` bytes; ``keep`` names keys never removed (the one just stored)."""
+    report = PruneReport(max_size)
+    keep = set(keep)
+    entries = find_entries(path)
+    roots = sorted({e.store.root for e in entries})
+    if not dry_run:
+        for store in {(e.store.root, e.store.kind): e.store for e in entries}.values():
+            store.sweep(stale_tmp_age_s)
+    quarantined = []
+    for root in roots:
+        qdir = os.path.join(root, QUARANTINE_DIR)
+        try:
+            names = os.listdir(qdir)
+        except OSError:
+            continue
+        for name in names:
+            item = os.path.join(qdir, name)
+            try:
+                mtime = os.lstat(item).st_mtime
+            except OSError:
+                continue
+            quarantined.append((mtime, item, disk_size(item) if os.path.isdir(item) else os.lstat(item).st_size))
+    sized = [(_last_used(e), e, disk_size(e.path)) for e in entries]
+    total = sum(s for _, _, s in sized) + sum(s for _, _, s in quarantined)
+    report.size_before = total
+    for _, item, size in sorted(quarantined, key=lambda q: q[0]):
+        if total <= max_size:
+            break
+        if not dry_run:
+            if os.path.isdir(item):
+                shutil.rmtree(item, ignore_errors=True)
+            else:
+                os.remove(item)
+        total -= size
+        report.removed.append(f"{QUARANTINE_DIR}/{os.path.basename(item)}")
+    for _, located, size in sorted(sized, key=lambda s: s[0]):
+        if total <= max_size:
+            break
+        if located.key in keep:
+            continue
+        name = f"{located.store.kind}/{located.key}"
+        if dry_run or located.store.remove_if_idle(located.key):
+            total -= size
+            report.removed.append(name)
+        else:
+            report.busy.append(name)
+    report.size_after = total
+    if report.removed and not dry_run:
+        log.info("npu_cached: pruned %d entries under %s (%d -> %d bytes, max %d)", len(report.removed), path,
+                 report.size_before, report.size_after, max_size)
+    return report
