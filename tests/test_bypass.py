@@ -93,6 +93,23 @@ def test_models_cold_then_warm_replay(run, cache_dir):
     assert not any("runs eagerly" in line for line in warm["logs"]), warm["logs"]
 
 
+def cache_static_mlp(run, cache_dir: str) -> None:
+    """Cold process: the MLP benchmark model, one static eager graph, cached in ``cache_dir``."""
+    run(
+        child(
+            f"""
+            from models import build
+            m, x = build("mlp")
+            c = torch.compile(m, backend="npu_cached", dynamic=False,
+                              options={{"cache_dir": {cache_dir!r}, "compiler": "eager"}})
+            with torch.no_grad():
+                c(x)
+            emit({{}})
+            """
+        )
+    )
+
+
 # ---------------------------------------------------------------------------
 # shapes, dtypes and grad mode
 # ---------------------------------------------------------------------------
@@ -143,19 +160,7 @@ def test_static_entry_other_inputs_and_grad_mode_compile_never_stale(run, cache_
     fresh compile (and the program gains that variant); a call the function cannot
     take raises the function's own TypeError. Before guards, these raised
     InputSignatureError / GradModeError from a warm start."""
-    run(
-        child(
-            f"""
-            from models import build
-            m, x = build("mlp")
-            c = torch.compile(m, backend="npu_cached", dynamic=False,
-                              options={{"cache_dir": {cache_dir!r}, "compiler": "eager"}})
-            with torch.no_grad():
-                c(x)
-            emit({{}})
-            """
-        )
-    )
+    cache_static_mlp(run, cache_dir)
     code = child(
         f"""
         from models import build
@@ -572,19 +577,7 @@ def test_check_inputs_false_skips_the_per_call_check(run, cache_dir):
 
     with pytest.raises(tcb.OptionError, match="check_inputs"):
         tcb.load(lambda x: x, cache_dir, check_inputs="no")
-    run(
-        child(
-            f"""
-            from models import build
-            m, x = build("mlp")
-            c = torch.compile(m, backend="npu_cached", dynamic=False,
-                              options={{"cache_dir": {cache_dir!r}, "compiler": "eager"}})
-            with torch.no_grad():
-                c(x)
-            emit({{}})
-            """
-        )
-    )
+    cache_static_mlp(run, cache_dir)
     warm = run(
         child(
             f"""
