@@ -33,7 +33,7 @@ from ..logs import log
 from .guard_capture import capture_frame_guards, receiver_ref
 from .guard_runtime import receiver_value
 from .program import PROGRAM_FORMAT, function_identity, merge_programs, program_key, program_store, type_path
-from .sources import RESUME_PREFIX, describe_traced, fresh_by_name, tensor_state
+from .sources import RESUME_PREFIX, describe_traced, stale_sources, tensor_state
 
 _installed = False
 _lock = threading.RLock()
@@ -313,7 +313,7 @@ def _add_frame(
                              scope.get("__name__"))
     traced = [t for t in traced if t.get("fingerprint") not in guards.fingerprints]
     for item in traced:
-        if "fingerprint" in item and not fresh_by_name(item):
+        if "fingerprint" in item and stale_sources([item]):  # the load-time check would fail at once
             unsupported.append(
                 f"{item['qualname']} ({item['file']}) was traced but cannot be found again by name to check it for "
                 "edits (define it at module or class level)"

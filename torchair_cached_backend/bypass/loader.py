@@ -230,8 +230,8 @@ class _ReplayBuilder:
         bound = self.bound_self is not None and receiver is not None
         fixed = receiver is None or bound
         for name, desc in frame.get("globals", {}).items():  # guards may read Dynamo's (renamed) globals
-            if desc["kind"] in ("module", "builtins", "value") and name not in self.scope:
-                self.scope[name] = self._light_value(desc)
+            if desc["kind"] in ("module", "builtins", "value") and name not in self.values:
+                self.values[name] = self.scope[name] = self._light_value(desc)  # _globals reuses it
         try:
             checks = build_checks(self.files[guards["code"]], guards.get("consts", []), guards.get("meta", []),
                                   self.scope, receiver, self.bound_self if resume and bound else None, self.consts)

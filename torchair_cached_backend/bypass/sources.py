@@ -201,12 +201,6 @@ def _unwrap(obj: Any) -> Any:
     return obj
 
 
-def fresh_by_name(item: dict[str, Any]) -> bool:
-    """Whether a recorded user code object can be found again by name, unchanged."""
-    live = find_live_code(item.get("module"), item["qualname"])
-    return live is not None and code_fingerprint(live) == item["fingerprint"]
-
-
 def stale_sources(recorded: list[dict[str, Any]]) -> list[str]:
     """Descriptions of recorded sources whose live code differs (empty: all fresh)."""
     stale = []
