@@ -62,11 +62,22 @@ class Limits:
 
 
 def signing_key(key: str | bytes | None = None) -> bytes | None:
-    """``key``, else ``$TORCHAIR_CACHE_KEY``, as bytes (None when neither is set)."""
+    """``key``, else ``$TORCHAIR_CACHE_KEY``, as bytes (None when neither is set).
+
+    A key that is set but empty is an error, never "no key": ``KEY=$SECRET`` with
+    ``$SECRET`` unset must not accept (or make) unsigned bundles."""
+    where = "the signing key"
     if key is None:
-        key = os.environ.get(KEY_ENV) or None
+        if KEY_ENV not in os.environ:
+            return None
+        key, where = os.environ[KEY_ENV], f"${KEY_ENV}"
     if isinstance(key, str):
         key = key.encode()
+    if not key.strip():
+        raise BundleError(
+            f"{where} is set but empty: refusing to go on without the signature check. Set it to the secret "
+            f"(e.g. {KEY_ENV}=\"$(cat /run/secrets/cache-key)\"), or unset it to use unsigned bundles"
+        )
     return key
 
 
