@@ -27,6 +27,7 @@ class BackendOptions:
     __slots__ = (
         "cache_dir", "compiler", "config", "ge_cache", "custom_decompositions", "global_rank",
         "tp_rank", "pp_rank", "check_inputs", "dynamic", "reject_rng", "guards", "max_size", "graph_dir",
+        "lock_timeout",
     )
 
     def __init__(
@@ -45,6 +46,7 @@ class BackendOptions:
         guards: str = "load",
         max_size: int | None = None,
         graph_dir: str | None = None,
+        lock_timeout: float | None = None,
     ) -> None:
         self.cache_dir = cache_dir
         self.compiler = compiler
@@ -60,6 +62,7 @@ class BackendOptions:
         self.guards = guards
         self.max_size = max_size
         self.graph_dir = graph_dir
+        self.lock_timeout = lock_timeout
 
     def as_dict(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self.__slots__}
@@ -167,6 +170,16 @@ def _check_graph_dir(value: Any) -> str | None:
     return os.path.abspath(os.fspath(value))
 
 
+def _check_lock_timeout(value: Any) -> float | None:
+    """Seconds a process waits for another one compiling the same graph (None:
+    ``$TORCHAIR_CACHE_LOCK_TIMEOUT``, else 600); then it compiles without the lock."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
+        raise OptionError(f"npu_cached option 'lock_timeout' must be seconds >= 0 (e.g. 600) or None, got {value!r}")
+    return float(value)
+
+
 _VALIDATORS = {
     "cache_dir": None,
     "compiler": None,
@@ -182,6 +195,7 @@ _VALIDATORS = {
     "guards": _check_guards,
     "max_size": _check_max_size,
     "graph_dir": _check_graph_dir,
+    "lock_timeout": _check_lock_timeout,
 }
 VALID_KEYS = tuple(_VALIDATORS)
 

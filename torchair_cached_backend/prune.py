@@ -13,15 +13,16 @@ import os
 import shutil
 from collections.abc import Iterable
 
+from . import fs_security as fs
 from .inventory import disk_size, find_entries
-from .logs import log
+from .logs import log, warn_once
 from .store import QUARANTINE_DIR, BrokenEntry
 
 
 class PruneReport:
     """What :func:`prune` found and did (sizes in bytes)."""
 
-    __slots__ = ("size_before", "size_after", "removed", "busy", "max_size")
+    __slots__ = ("size_before", "size_after", "removed", "busy", "refused", "max_size")
 
     def __init__(self, max_size: int) -> None:
         self.max_size = max_size
@@ -29,6 +30,7 @@ class PruneReport:
         self.size_after = 0
         self.removed: list[str] = []  # "graphs/<key>" or "quarantine/<name>"
         self.busy: list[str] = []  # entries skipped because they were being read or compiled
+        self.refused: list[str] = []  # entries skipped because they are a symlink or another user's
 
     def __repr__(self) -> str:
         return (f"PruneReport(max_size={self.max_size}, size_before={self.size_before}, size_after={self.size_after}, "
@@ -87,7 +89,13 @@ def prune(path: str, max_size: int, *, dry_run: bool = False, keep: Iterable[str
         if located.key in keep:
             continue
         name = f"{located.store.kind}/{located.key}"
-        if dry_run or located.store.remove_if_idle(located.key):
+        try:
+            removed = dry_run or located.store.remove_if_idle(located.key)
+        except fs.CacheSecurityError as exc:  # one foreign or planted entry: report it, skip it, go on
+            report.refused.append(name)
+            warn_once(f"prune-refused:{located.path}", "npu_cached: prune skipped %s: %s", located.path, exc)
+            continue
+        if removed:
             total -= size
             report.removed.append(name)
         else:

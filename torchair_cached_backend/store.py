@@ -40,6 +40,7 @@ from .store_layout import (  # noqa: F401  (the public names callers import from
     TAG,
     BrokenEntry,
     Entry,
+    loads_bounded,
     parse_manifest,
     sha256,
     valid_name,
