@@ -251,7 +251,7 @@ def _raise_on(monkeypatch, target, name, code, *, calls=1):
 @pytest.mark.parametrize("code", [errno.EIO, errno.ENOSPC])
 def test_write_fault_publishes_nothing_and_warns_once(tmp_path, monkeypatch, caplog, fresh_stats, code):
     store = Store(str(tmp_path / "c"), "graphs")
-    _raise_on(monkeypatch, fs, "write_private", code, calls=2)
+    _raise_on(monkeypatch, fs, "write_at", code, calls=2)
     with caplog.at_level("WARNING", logger="torchair_cached_backend"):
         assert store.save("k", {"a": b"x", "b": b"y"}, {}) is None
         assert store.save("k2", {"a": b"x"}, {}) is None
@@ -277,24 +277,24 @@ def test_vanished_cache_dir_is_recreated(tmp_path, monkeypatch, fresh_stats):
     shutil.rmtree(store.root)  # a cleanup job between two compiles
     assert store.load("k1") is None
     assert store.save("k2", {"a": b"x"}, {}) is not None
-    real = fs.write_private
+    real = fs.write_at
 
-    def vanish_once(path, data):  # and one that strikes in the middle of a save
+    def vanish_once(dir_fd, name, data):  # and one that strikes in the middle of a save
         if not getattr(vanish_once, "done", False):
             vanish_once.done = True
             shutil.rmtree(store.root)
-        return real(path, data)
+        return real(dir_fd, name, data)
 
-    monkeypatch.setattr(fs, "write_private", vanish_once)
+    monkeypatch.setattr(fs, "write_at", vanish_once)
     assert store.save("k3", {"a": b"y"}, {}) is not None
     assert store.load("k3").files["a"] == b"y" and stats().storage_faults == 0
 
 
 def test_lock_that_cannot_be_created_degrades_to_no_lock(tmp_path, monkeypatch, caplog, fresh_stats):
-    import filelock
+    from torchair_cached_backend import store_locks
 
     store = _entry(tmp_path)
-    _raise_on(monkeypatch, filelock.FileLock, "acquire", errno.EACCES)
+    _raise_on(monkeypatch, store_locks, "_open_lock_file", errno.EACCES)
     with caplog.at_level("WARNING", logger="torchair_cached_backend"):
         with store.lock("k9"):
             ran = True

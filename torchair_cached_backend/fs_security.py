@@ -146,6 +146,86 @@ def read_at(dir_fd: int, name: str, *, root: str) -> bytes:
         os.close(fd)
 
 
+def write_all(fd: int, data: bytes) -> None:
+    """Write every byte of ``data`` to ``fd`` (a short write is retried; a write that
+    makes no progress is ENOSPC), then fsync: a caller renames only complete files."""
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        if written <= 0:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        view = view[written:]
+    os.fsync(fd)
+    if os.fstat(fd).st_size != len(data):
+        raise OSError(errno.EIO, f"wrote {len(data)} bytes but the file holds {os.fstat(fd).st_size}")
+
+
+def write_at(dir_fd: int, name: str, data: bytes) -> None:
+    """Create ``name`` (0600, never through a symlink) in the directory ``dir_fd`` and
+    write all of ``data`` with the length checked and fsync'd. A failed write
+    removes the partial file and raises."""
+    fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_NOFOLLOW | _O_CLOEXEC, FILE_MODE, dir_fd=dir_fd)
+    try:
+        os.fchmod(fd, FILE_MODE)
+        write_all(fd, data)
+    except BaseException:
+        os.close(fd)
+        try:
+            os.unlink(name, dir_fd=dir_fd)
+        except OSError:
+            pass
+        raise
+    os.close(fd)
+
+
+def open_root(path: str, *, create: bool) -> int | None:
+    """An fd of the cache root ``path`` (the last component never a symlink), created
+    (0700, missing parents 0700 too) when ``create``; None when it does not exist.
+    Refuses a root owned by another user or writable by group/other."""
+    try:
+        fd = os.open(path, DIR_OPEN_FLAGS)
+    except FileNotFoundError:
+        if not create:
+            return None
+        missing = []
+        probe = os.path.dirname(path)
+        while not os.path.lexists(probe):
+            missing.append(probe)
+            probe = os.path.dirname(probe)
+        for d in reversed(missing):
+            try:
+                os.mkdir(d, DIR_MODE)
+            except FileExistsError:
+                pass
+        try:
+            os.mkdir(path, DIR_MODE)
+        except FileExistsError:
+            pass
+        return open_root(path, create=False)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise CacheSecurityError(
+                f"refusing cache dir {path!r}: it is a symlink or not a directory. "
+                "Point cache_dir at a real directory you own."
+            ) from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISDIR(st.st_mode):
+            raise CacheSecurityError(f"refusing cache dir {path!r}: not a directory")
+        _check_owner(st, path)
+        if st.st_mode & 0o022:
+            raise CacheSecurityError(
+                f"refusing cache dir {path!r}: it is writable by {'group' if st.st_mode & 0o020 else 'others'} "
+                f"(mode {stat.S_IMODE(st.st_mode):o}), so another user could plant code in it. "
+                f"Fix: chmod 700 {path}"
+            )
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 def write_private(path: str, data: bytes) -> None:
     """Write a new file with mode 0600 and fsync it (the caller renames it into place)."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), FILE_MODE)
