@@ -10,6 +10,7 @@ COMPILERS = ("auto", "torchair", "inductor", "eager")
 GUARD_MODES = ("load", "call", "none")
 DEFAULT_CACHE_DIR = ".torchair_cache"
 CACHE_HOME_ENV = "TORCHAIR_CACHE_HOME"
+REMOTE_ENV = "TORCHAIR_CACHE_REMOTE"
 
 
 class OptionError(ValueError):
@@ -28,6 +29,7 @@ class BackendOptions:
         "cache_dir", "compiler", "config", "ge_cache", "custom_decompositions", "global_rank",
         "tp_rank", "pp_rank", "check_inputs", "dynamic", "reject_rng", "guards", "max_size", "graph_dir",
         "lock_timeout",
+        "remote", "base_dir",
     )
 
     def __init__(
@@ -47,6 +49,8 @@ class BackendOptions:
         max_size: int | None = None,
         graph_dir: str | None = None,
         lock_timeout: float | None = None,
+        remote: str | None = None,
+        base_dir: str | None = None,
     ) -> None:
         self.cache_dir = cache_dir
         self.compiler = compiler
@@ -63,6 +67,10 @@ class BackendOptions:
         self.max_size = max_size
         self.graph_dir = graph_dir
         self.lock_timeout = lock_timeout
+        #: a redis:// / rediss:// URL: the remote tier (``remote.py``), default $TORCHAIR_CACHE_REMOTE
+        self.remote = remote
+        #: a read-only base cache (baked into an image) under the local one (``layers.py``)
+        self.base_dir = base_dir
 
     def as_dict(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self.__slots__}
@@ -178,6 +186,26 @@ def _check_lock_timeout(value: Any) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
         raise OptionError(f"npu_cached option 'lock_timeout' must be seconds >= 0 (e.g. 600) or None, got {value!r}")
     return float(value)
+def _check_remote(value: Any) -> str | None:
+    """A redis:// or rediss:// URL (checked now, connected on first use)."""
+    if value is None:
+        return None
+    from .remote import RemoteConfigError, parse_url
+
+    try:
+        parse_url(value)
+    except RemoteConfigError as exc:
+        raise OptionError(f"npu_cached option 'remote': {exc}") from None
+    return value
+
+
+def _check_base_dir(value: Any) -> str | None:
+    """A read-only base cache dir (e.g. baked into an image): read, never written."""
+    if value is None:
+        return None
+    if not isinstance(value, (str, os.PathLike)) or not os.fspath(value):
+        raise OptionError(f"npu_cached option 'base_dir' must be a non-empty path or None, got {value!r}")
+    return os.path.abspath(os.fspath(value))
 
 
 _VALIDATORS = {
@@ -196,6 +224,8 @@ _VALIDATORS = {
     "max_size": _check_max_size,
     "graph_dir": _check_graph_dir,
     "lock_timeout": _check_lock_timeout,
+    "remote": _check_remote,
+    "base_dir": _check_base_dir,
 }
 VALID_KEYS = tuple(_VALIDATORS)
 
@@ -218,6 +248,8 @@ def parse_options(options: dict[str, Any] | None = None, **extra: Any) -> Backen
     compiler = merged.pop("compiler", "auto")
     if compiler not in COMPILERS:
         raise OptionError(f"npu_cached option 'compiler' must be one of {COMPILERS}, got {compiler!r}")
+    if "remote" not in merged and os.environ.get(REMOTE_ENV):
+        merged["remote"] = os.environ[REMOTE_ENV]
     checked = {k: _VALIDATORS[k](v) for k, v in merged.items()}
     opts = BackendOptions(cache_dir=os.path.abspath(os.fspath(cache_dir)), compiler=compiler, **checked)
     if opts.ge_cache and compiler in ("inductor", "eager"):
@@ -225,4 +257,8 @@ def parse_options(options: dict[str, Any] | None = None, **extra: Any) -> Backen
             f"npu_cached option 'ge_cache=True' needs the torchair compiler (GE max-autotune), "
             f"not compiler={compiler!r}; drop ge_cache or use compiler='torchair'/'auto'"
         )
+    if opts.remote is not None or opts.base_dir is not None:
+        from .layers import configure_from_options
+
+        configure_from_options(opts)
     return opts

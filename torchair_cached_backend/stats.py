@@ -14,13 +14,17 @@ class CacheStats:
     fallbacks: warm starts (or calls of a replayed function) that had to trace
     with Dynamo instead, with ``fallback_reasons`` counting each reason;
     storage_faults: cache reads/writes that failed (read-only or full disk, ...)
-    and were served uncached instead of failing the call.
+    and were served uncached instead of failing the call; base_hits / remote_hits:
+    entries a local miss found in the read-only base / the remote (``layers.py``),
+    remote_published, remote_bytes_in / _out, and remote_faults (a remote that was
+    down, slow, full, refused auth, or an entry refused as corrupt, partial or unsigned).
     (A plain class: it is imported with the package, on the warm path.)
     """
 
     __slots__ = (
         "hits", "misses", "uncached", "quarantined", "load_seconds", "compile_seconds", "bypass_loads",
         "fallbacks", "storage_faults", "fallback_reasons",
+        "base_hits", "remote_hits", "remote_published", "remote_faults", "remote_bytes_in", "remote_bytes_out",
     )
 
     def __init__(self, **values: object) -> None:

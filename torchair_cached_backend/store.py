@@ -191,7 +191,17 @@ class Store:
     def load(self, key: str) -> Entry | None:
         """The verified entry, or None: a miss, a broken entry (moved to
         ``quarantine/``; on a read-only dir only reported), or a storage fault
-        (counted and warned once). Raises only CacheSecurityError."""
+        (counted and warned once). Raises only CacheSecurityError. A local miss
+        asks the root's other layers (a read-only base, a remote: ``layers.py``)."""
+        entry = self.load_local(key)
+        if entry is None:
+            from . import layers
+
+            entry = layers.fill(self, key)
+        return entry
+
+    def load_local(self, key: str) -> Entry | None:
+        """:meth:`load` from this root only."""
         for _ in range(_READ_ATTEMPTS):
             try:
                 return self._read(key, touch=True)
@@ -263,7 +273,12 @@ class Store:
             if not self.prepare():
                 return None
             try:
-                return final if self.backend.publish(self.kind, key, files, manifest, replace=replace) else None
+                if not self.backend.publish(self.kind, key, files, manifest, replace=replace):
+                    return None
+                from . import layers
+
+                layers.published(self, key, files, manifest, replace=replace)  # the remote, if any
+                return final
             except fs.CacheSecurityError:
                 raise
             except FileNotFoundError as exc:
@@ -344,10 +359,15 @@ class Store:
         ``lock_timeout`` / ``$TORCHAIR_CACHE_LOCK_TIMEOUT``, else 600 s); the waiter
         names the holder after 2 s, and on timeout the block runs without the
         lock. It degrades to no lock (warned once, counted) where the lock file
-        cannot be created: a read-only dir gets no lock file at all."""
-        held = self._acquire(key, default_lock_timeout() if timeout is None else timeout)
+        cannot be created: a read-only dir gets no lock file at all. With a remote
+        the remote's lease lock is held inside it (``layers.fleet_lock``)."""
+        wait = default_lock_timeout() if timeout is None else timeout
+        held = self._acquire(key, wait)
         try:
-            yield
+            from . import layers
+
+            with layers.fleet_lock(self, key, wait):  # one node of a fleet compiles (a remote, if any)
+                yield
         finally:
             if held is not None:
                 with contextlib.suppress(OSError):

@@ -13,10 +13,11 @@ empty ``TORCHINDUCTOR_CACHE_DIR`` recompiles C++. We instead store:
   graph, which a warm start does not have), loaded as real tensors even inside
   Dynamo's fake mode, and, for graphs that need it, AOTAutograd's runtime metadata.
 
-Kernels are specialized for the thread count (per-thread buffers) and built with
-``-march=native``: both are key factors, and a loaded graph runs with the thread
-count it was built for even if the program changes it later
-(:func:`inductor_runtime.pin_threads`).
+Kernels are built with ``-march=native`` (the CPU's ISA is a key factor) and
+specialized for the thread count (per-thread buffers): a loaded graph always runs
+with the thread count it was built for (:func:`inductor_runtime.pin_threads`), so
+the thread count and the CPU count stay out of the key and an artifact serves
+processes and machines of any size.
 
 An artifact is *lean* when calling the wrapper's ``call`` directly is equivalent
 to AOTAutograd's runtime (see :func:`_runtime_plan`) and every extern kernel is a
@@ -46,6 +47,7 @@ import torch
 from . import inductor_runtime as rt
 from . import pycode
 from .base import Artifact, CompileResult
+from .inductor_env import codegen_env
 from .stored_tensors import load_tensors, save_tensors
 
 if TYPE_CHECKING:
@@ -80,8 +82,6 @@ _BUILTIN_HOMES = (
 )
 _PRIVATE_TORCH = ("torch._inductor", "torch._dynamo")
 _PRIVATE_REF = re.compile(r"(?<![\w.])torch\.(_inductor|_dynamo)\b")
-#: TORCHINDUCTOR_* variables that only move files around, not change code
-_ENV_NOT_CODEGEN = {"TORCHINDUCTOR_CACHE_DIR", "TORCHINDUCTOR_FX_GRAPH_CACHE", "TORCHINDUCTOR_AUTOGRAD_CACHE"}
 
 
 class Uncacheable(Exception):
@@ -131,18 +131,18 @@ class InductorCompiler:
         """What besides the graph changes the artifact; cheap and Inductor-free.
 
         Inductor config enters as the set of values the *user* overrode (only
-        possible once it is imported) plus ``TORCHINDUCTOR_*`` env vars, so a
-        warm process that never imports Inductor computes the same factors as
-        the cold one did with default config. Kernels are built with
-        ``-march=native`` for the vector ISA Inductor picked, so the CPU's ISA
-        flags count; C++ kernels size per-thread buffers by the thread count
-        (and choose a dynamic ``omp parallel`` when it equals the CPU count), so
-        both count too. Grad mode, autocast, default dtype and deterministic
-        algorithms are key factors of every compiler (``key.runtime_state_factors``).
+        possible once it is imported) plus the ``TORCHINDUCTOR_*`` env vars that
+        change generated code (:mod:`.inductor_env`: compile workers, cache dirs
+        and logging leave the key), so a warm process that never imports
+        Inductor computes the same factors as the cold one did with default
+        config. Kernels are built with ``-march=native`` for the vector ISA
+        Inductor picked, so the CPU's ISA flags count. The thread count and the
+        CPU count do not: a loaded graph always runs with the thread count its
+        kernels were built for (``meta["threads"]``, :func:`inductor_runtime.pin_threads`),
+        so one artifact is correct under any thread count and on any CPU count.
+        Grad mode, autocast, default dtype and deterministic algorithms are key
+        factors of every compiler (``key.runtime_state_factors``).
         """
-        env = {
-            k: v for k, v in sorted(os.environ.items()) if k.startswith("TORCHINDUCTOR_") and k not in _ENV_NOT_CODEGEN
-        }
         decomps = options.custom_decompositions or {}
         return {
             "format": FORMAT_VERSION,
@@ -151,12 +151,10 @@ class InductorCompiler:
             "machine": platform.machine(),
             "cpu_capability": _cpu_capability(),
             "cpu_isa": _cpu_isa_digest(),
-            "threads": torch.get_num_threads(),
-            "cpu_count": os.cpu_count(),
             "fp32_matmul_precision": torch.get_float32_matmul_precision(),
             "inductor_config": _config_overrides("torch._inductor.config"),
             "functorch_config": _config_overrides("torch._functorch.config"),
-            "inductor_env": env,
+            "inductor_env": codegen_env(),
             "custom_decompositions": sorted(str(k) for k in decomps),
         }
 
@@ -291,7 +289,7 @@ class InductorCompiler:
             "externs": extern_refs,
             "constants": CONSTANTS_FILE in files,
             "constant_names": sorted(rewritten.constants),
-            "threads": _compiled_threads(),
+            "threads": _compiled_threads(cg.source_code),
             "num_inputs": len(example_inputs),
         }
         json.dumps(meta)  # fail here, not in the store, if something is not JSON-able
@@ -615,10 +613,16 @@ def _storable(name: str, t: Any) -> torch.Tensor:
     return t.clone() if nbytes > t.numel() * t.element_size() else t
 
 
-def _compiled_threads() -> int:
-    """The thread count Inductor's C++ kernels were specialized for."""
+def _compiled_threads(source: str | None = None) -> int | None:
+    """The thread count Inductor's C++ kernels were specialized for: per-thread
+    reduction buffers are sized by it and, when it equals the CPU count, the team is
+    a plain ``omp parallel`` (as large as the running process's thread count), so the
+    loader pins every call to it. None when no kernel in ``source`` (the wrapper,
+    which holds the kernels' C++) uses OpenMP: nothing to pin, any thread count runs it."""
     from torch._inductor.utils import parallel_num_threads
 
+    if source is not None and "#pragma omp" not in source and "omp_get_" not in source:
+        return None
     return int(parallel_num_threads())
 
 

@@ -107,9 +107,11 @@ def pin_threads(call: Callable[[list[Any]], Any], threads: int | None) -> Callab
 
     Inductor sizes per-thread reduction buffers by the compile-time thread count
     and, when that equals the CPU count, emits a plain ``omp parallel``; a
-    process that later runs with more threads would index past those buffers.
-    The key holds the thread count, so this only acts when a program changes
-    ``torch.set_num_threads`` after loading: one C call per graph call otherwise."""
+    process that runs with more threads would index past those buffers. The
+    thread count is not a key factor (so caches hit across machines and launch
+    settings): this pin is what keeps a 2-thread artifact correct under 8 threads
+    and an 8-thread one under 2. One C call per graph call when the counts match;
+    ``threads`` None (no OpenMP in the kernels) pins nothing."""
     if not threads:
         return call
     get, set_ = torch.get_num_threads, torch.set_num_threads
