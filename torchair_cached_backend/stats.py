@@ -13,20 +13,21 @@ class CacheStats:
     aside; bypass_loads: functions warm-started by the guard-bypass loader;
     fallbacks: warm starts (or calls of a replayed function) that had to trace
     with Dynamo instead, with ``fallback_reasons`` counting each reason;
-    storage_faults: cache reads/writes that failed (read-only or full disk, ...)
+    uncached_reasons: why graphs were compiled but not cached, counted by reason (e.g. a training
+    graph whose outputs alias its inputs); storage_faults: cache reads/writes that failed (read-only or full disk, ...)
     and were served uncached instead of failing the call.
     (A plain class: it is imported with the package, on the warm path.)
     """
 
     __slots__ = (
         "hits", "misses", "uncached", "quarantined", "load_seconds", "compile_seconds", "bypass_loads",
-        "fallbacks", "storage_faults", "fallback_reasons",
+        "fallbacks", "storage_faults", "fallback_reasons", "uncached_reasons",
     )
 
     def __init__(self, **values: object) -> None:
         for name in self.__slots__:
             default: object = 0.0 if name.endswith("seconds") else 0
-            if name == "fallback_reasons":
+            if name in ("fallback_reasons", "uncached_reasons"):
                 default = {}
             setattr(self, name, values.pop(name, default))
         if values:
@@ -57,6 +58,14 @@ def record_fallback(reason: str) -> None:
     with _lock:
         _stats.fallbacks += 1
         reasons = _stats.fallback_reasons
+        reasons[reason] = reasons.get(reason, 0) + 1
+
+
+def record_uncached(reason: str) -> None:
+    """Count, by reason, a graph compiled without being cached (the ``uncached`` or ``misses``
+    counter counts the compile itself)."""
+    with _lock:
+        reasons = _stats.uncached_reasons
         reasons[reason] = reasons.get(reason, 0) + 1
 
 
