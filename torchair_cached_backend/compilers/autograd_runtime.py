@@ -209,24 +209,30 @@ def build(
             return tuple(returns)
 
         @staticmethod
-        @torch.autograd.function.once_differentiable
         def backward(ctx: Any, *grads: Any) -> Any:
-            if deterministic is False and torch.are_deterministic_algorithms_enabled():
-                raise RuntimeError("this cached backward was compiled with torch.use_deterministic_algorithms(False) "
-                                   "but runs with it on; compile it again under deterministic algorithms")
-            if donated and keep_graph():
-                raise RuntimeError(
-                    "this cached backward reuses saved buffers (Inductor's donated buffers), which needs "
-                    "backward(retain_graph=False, create_graph=False); or set "
-                    "torch._functorch.config.donated_buffer=False before compiling")
-            args: list[Any] = [*ctx.symints, *ctx.saved_tensors, *ctx.no_vc]
-            for j, i in enumerate(tangents):
-                g = grads[i]
-                args.append(fixers[j](g))
-            out = run_boxed(backward, args)
-            if len(out) != num_inputs:
-                raise RuntimeError(f"cached backward returned {len(out)} gradients for {num_inputs} inputs")
-            return tuple(out)
+            if torch.is_grad_enabled():  # create_graph=True: the cached backward is not differentiable
+                with torch.no_grad():
+                    out = _backward(ctx, grads)
+                return _undifferentiable(out)
+            return _backward(ctx, grads)
+
+    def _backward(ctx: Any, grads: tuple[Any, ...]) -> tuple[Any, ...]:
+        if deterministic is False and torch.are_deterministic_algorithms_enabled():
+            raise RuntimeError("this cached backward was compiled with torch.use_deterministic_algorithms(False) "
+                               "but runs with it on; compile it again under deterministic algorithms")
+        if donated and keep_graph():
+            raise RuntimeError(
+                "this cached backward reuses saved buffers (Inductor's donated buffers), which needs "
+                "backward(retain_graph=False, create_graph=False); or set "
+                "torch._functorch.config.donated_buffer=False before compiling")
+        args: list[Any] = [*ctx.symints, *ctx.saved_tensors, *ctx.no_vc]
+        for j, i in enumerate(tangents):
+            g = grads[i]
+            args.append(fixers[j](g))
+        out = run_boxed(backward, args)
+        if len(out) != num_inputs:
+            raise RuntimeError(f"cached backward returned {len(out)} gradients for {num_inputs} inputs")
+        return tuple(out)
 
     apply = CachedTrainingGraph.apply
     increment_version = torch.autograd.graph.increment_version
@@ -247,6 +253,33 @@ def build(
 
     run.plan = plan  # type: ignore[attr-defined]
     return run
+
+
+class _NoDoubleBackward(torch.autograd.Function):
+    """Gradients computed under ``create_graph=True``: usable as values, but differentiating
+    them again raises (as ``torch.compile``'s does) instead of silently returning zeros."""
+
+    @staticmethod
+    def forward(ctx: Any, anchor: Any, *grads: Any) -> Any:  # type: ignore[override]
+        return tuple(g.clone() if isinstance(g, torch.Tensor) else g for g in grads)
+
+    @staticmethod
+    def backward(ctx: Any, *args: Any) -> Any:
+        raise RuntimeError(
+            "npu_cached: double backward through a cached training graph is not supported (as with torch.compile); "
+            "compute higher-order gradients outside the compiled region")
+
+
+def _undifferentiable(grads: tuple[Any, ...]) -> tuple[Any, ...]:
+    anchor = torch.empty(0, requires_grad=True)
+    tensors = [i for i, g in enumerate(grads) if isinstance(g, torch.Tensor)]
+    if not tensors:
+        return grads
+    wrapped = _NoDoubleBackward.apply(anchor, *[grads[i] for i in tensors])
+    out = list(grads)
+    for i, g in zip(tensors, wrapped, strict=True):
+        out[i] = g
+    return tuple(out)
 
 
 def _mark_dynamic(t: Any, dims: set[int]) -> None:
