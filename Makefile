@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 BENCH_MODELS ?= mlp,gpt,gpt16
 BENCH_REPEAT ?= 5
 
-.PHONY: venv demo test test-fast lint bench bench-smoke bench-torchair bench-fleet bench-models clean
+.PHONY: venv demo test test-fast lint bench bench-smoke bench-torchair bench-fleet bench-models bench-training clean
 
 $(STAMP): setup.py pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -49,6 +49,9 @@ bench-fleet: $(STAMP)  ## bundle round trip and torchrun ranks sharing compiles 
 bench-models: $(STAMP)  ## transformers families (replayed? first call vs eager) and KV-cache decode per token
 	$(PY) benchmarks/families.py
 	$(PY) benchmarks/decode.py
+
+bench-training: $(STAMP)  ## first training step (eager, torch.compile cold/warm, ours cold/warm/load) + steady step
+	$(PY) benchmarks/training.py --repeat $${TRAINING_REPEAT:-1}
 
 clean:
 	rm -rf build .torchair_cache benchmarks/results/*.json

@@ -72,23 +72,25 @@ def test_hit_and_miss_are_logged(run, tmp_path):
     assert "torchair_cached_backend INFO npu_cached hit" in second and "loaded in" in second
 
 
-def test_autograd_graph_is_compiled_uncached_with_one_warning(run, tmp_path):
-    out = run(
-        f"""
+def test_autograd_graph_is_cached_forward_and_backward(run, tmp_path):
+    """A graph that needs autograd is cached (forward + backward in one entry): a fresh
+    process hits it and computes the same gradients (it used to be compiled uncached)."""
+    code = f"""
         import logging, torch, torchair_cached_backend as tcb
         logging.basicConfig(level=logging.WARNING)
+        torch.manual_seed(0)
         m = torch.nn.Linear(4, 4)
         f = torch.compile(m, backend="npu_cached", options={{"cache_dir": {str(tmp_path)!r}, "compiler": "eager"}})
-        y = f(torch.ones(2, 4)).sum()
-        y.backward()
-        f(torch.ones(3, 4)).sum().backward()
+        f(torch.ones(2, 4)).pow(2).sum().backward()
         s = tcb.stats()
-        emit({{"uncached": s.uncached, "misses": s.misses, "grad": m.weight.grad is not None}})
+        emit({{"uncached": s.uncached, "misses": s.misses, "hits": s.hits, "grad": m.weight.grad.tolist()}})
         """
-    )
-    assert out["uncached"] >= 1 and out["misses"] == 0 and out["grad"]
-    assert out["_stderr"].count("serves inference graphs only") == 1
-    assert not os.path.exists(tmp_path / "graphs") or not os.listdir(tmp_path / "graphs")
+    cold, warm = run(code), run(code)
+    assert (cold["uncached"], cold["misses"], cold["hits"]) == (0, 1, 0)
+    assert (warm["uncached"], warm["misses"], warm["hits"]) == (0, 0, 1)
+    assert warm["grad"] == cold["grad"] and any(any(row) for row in cold["grad"])
+    assert "compiled uncached" not in cold["_stderr"] + warm["_stderr"]
+    assert len(os.listdir(tmp_path / "graphs")) == 1
 
 
 def test_corrupted_graph_blob_is_rebuilt_not_run(run, tmp_path):

@@ -16,7 +16,7 @@ from .compilers import get_compiler
 from .compilers.base import Artifact, InnerCompiler
 from .logs import log, warn_once
 from .options import BackendOptions, OptionError, parse_options
-from .stats import record
+from .stats import record, record_uncached
 from .store import Store
 
 GRAPH_CODE = "graph_code.py"  # readable copy of the FX graph beside each entry
@@ -50,27 +50,51 @@ def compile_graph(gm: Any, example_inputs: list[Any], options: BackendOptions) -
         from .rng import reject_rng_ops
 
         reject_rng_ops(gm)
-    if _needs_autograd(example_inputs):
-        warn_once(
-            "autograd",
-            "npu_cached: a graph needs autograd (grad mode is on and an input requires grad); the cache "
-            "serves inference graphs only, so it is compiled uncached. Run the model under "
-            "torch.no_grad() or torch.inference_mode() to cache it.",
-        )
-        t0 = time.perf_counter()
-        fn = compiler.compile(gm, example_inputs, options).fn
-        record(uncached=1, compile_seconds=time.perf_counter() - t0)
-        return _announce(CachedGraph(fn, "", compiler.name, cached=False), options, gm)
+    training = _needs_autograd(example_inputs)
+    compile_fn: Callable[..., Any] = compiler.compile
+    if training:
+        blocker = _training_blocker(gm, compiler)
+        if blocker is not None:
+            return _compile_uncached(gm, example_inputs, compiler, options, blocker)
+        compile_fn = compiler.compile_training  # type: ignore[attr-defined]
 
-    key, factors = keys.compute_key(gm, example_inputs, compiler, options, torch.is_grad_enabled())
+    key, factors = keys.compute_key(gm, example_inputs, compiler, options, torch.is_grad_enabled(), training=training)
     store = graph_store(options)
     fn = load_graph(store, key, compiler, options)
     if fn is None:
         with store.lock(key, timeout=options.lock_timeout):
             fn = load_graph(store, key, compiler, options)  # another process may have finished it
             if fn is None:
-                fn = _compile_and_store(store, key, factors, gm, example_inputs, compiler, options)
+                fn = _compile_and_store(store, key, factors, gm, example_inputs, compiler, options, compile_fn)
     return _announce(fn, options, gm)
+
+
+def _training_blocker(gm: Any, compiler: InnerCompiler) -> str | None:
+    """Why a graph that needs autograd cannot go through the cache, or None."""
+    if getattr(compiler, "compile_training", None) is None:
+        return f"the {compiler.name} inner compiler caches inference graphs only"
+    if hasattr(gm, "saved_tensors_hooks_pack_0"):
+        return "saved-tensor hooks are traced into the graph"
+    import torch._dynamo.compiled_autograd as ca
+
+    if getattr(ca, "in_compiled_autograd_region", False) or getattr(ca, "compiled_autograd_enabled", False):
+        return "compiled autograd is active"
+    return None
+
+
+def _compile_uncached(
+    gm: Any, example_inputs: list[Any], compiler: InnerCompiler, options: BackendOptions, reason: str
+) -> CachedGraph:
+    warn_once(
+        f"autograd:{reason}",
+        "npu_cached: a graph needs autograd (grad mode is on and an input requires grad) and %s, so it is "
+        "compiled uncached.", reason,
+    )
+    t0 = time.perf_counter()
+    fn = compiler.compile(gm, example_inputs, options).fn
+    record(uncached=1, compile_seconds=time.perf_counter() - t0)
+    record_uncached(reason)
+    return _announce(CachedGraph(fn, "", compiler.name, cached=False), options, gm)
 
 
 def _announce(graph: CachedGraph, options: BackendOptions, gm: Any) -> CachedGraph:
@@ -125,15 +149,17 @@ def _compile_and_store(
     example_inputs: list[Any],
     compiler: InnerCompiler,
     options: BackendOptions,
+    compile_fn: Callable[..., Any] | None = None,
 ) -> CachedGraph:
     identity = _identity(factors)
     _set_aside_other_versions(store, identity, factors)
     log.info("npu_cached: compiling graph %s (%d nodes) with %s", key[:12], len(gm.graph.nodes), compiler.name)
     t0 = time.perf_counter()
-    result = compiler.compile(gm, example_inputs, options)
+    result = (compile_fn or compiler.compile)(gm, example_inputs, options)
     dt = time.perf_counter() - t0
     record(misses=1, compile_seconds=dt)
     if result.artifact is None:
+        record_uncached(result.reason)
         warn_once(f"uncached:{result.reason}", "npu_cached: graph %s compiled but not cached: %s", key[:12], result.reason)
         log.info("npu_cached miss %s (%s) compiled in %.3fs, not cacheable", key[:12], compiler.name, dt)
         return CachedGraph(result.fn, key, compiler.name, cached=False)

@@ -256,17 +256,64 @@ def deterministic_state() -> str | list[Any]:
             bool(torch.utils.deterministic.fill_uninitialized_memory)]
 
 
+#: bump when what a training entry holds (forward + backward + plan) changes meaning
+TRAINING_FORMAT = 1
+
+
+def training_factors(gm: torch.fx.GraphModule) -> dict[str, Any]:
+    """What changes AOTAutograd's joint graph and its partition, beyond the graph and its
+    inputs (whose ``requires_grad`` and parameter-ness are in ``inputs``) and the grad mode /
+    autocast / deterministic state (top-level factors). Audited against AOTAutograd's own
+    cache key (``torch/_functorch/_aot_autograd/autograd_cache.py``; docs/training-key.md):
+
+    * ``functorch_config``: every ``torch._functorch.config`` value the user overrode
+      (activation-memory budget and its estimator/solver, recompute bans, donated buffers,
+      functionalized RNG, tangent-stride guessing...), callables by code;
+    * ``annotations``: the nodes' ``custom`` annotations (``region_activation_memory_budget``
+      lives there, and ``fx.traceback.annotate`` tags the partitioner may read);
+    * ``checkpoint_context_fns``: selective activation checkpointing policies (the
+      ``context_fn`` of ``torch.utils.checkpoint``) by code and bound values;
+    * ``partitioner``: which partitioner the inner compiler uses (fixed per compiler
+      version, named so a reader sees it)."""
+    from .compilers.inductor import _config_overrides
+
+    annotations = {}
+    context_fns = []
+    for module in gm.modules():
+        if not hasattr(module, "graph"):
+            continue
+        for node in module.graph.nodes:
+            custom = node.meta.get("custom")
+            if custom:
+                annotations[node.name] = describe_value(custom)
+        context_fn = getattr(module, "meta", {}).get("_checkpoint_context_fn")
+        if context_fn is not None:
+            context_fns.append(callable_digest(context_fn))
+    out: dict[str, Any] = {
+        "format": TRAINING_FORMAT,
+        "partitioner": "min_cut_rematerialization",
+        "functorch_config": _config_overrides("torch._functorch.config"),
+    }
+    if annotations:
+        out["annotations"] = annotations
+    if context_fns:
+        out["checkpoint_context_fns"] = context_fns
+    return out
+
+
 def compute_key(
     gm: torch.fx.GraphModule,
     example_inputs: list[Any],
     compiler: InnerCompiler,
     options: BackendOptions,
     grad_enabled: bool,
+    training: bool = False,
 ) -> tuple[str, dict[str, Any]]:
     """Return ``(key, factors)``; ``factors`` is the readable form of the key.
 
     Top-level keys besides :func:`context_factors` and :func:`runtime_state_factors`:
-    ``grad_enabled``, ``graph``, ``inputs``, ``module_tensors`` (see
+    ``grad_enabled``, ``graph``, ``inputs``, ``training`` (graphs that need autograd, see
+    :func:`training_factors`), ``module_tensors`` (see
     :func:`module_tensor_factors`) and ``registries`` (a compiler's registries that
     cost too much to scan at every warm load, e.g. torchair's user GE converters;
     that compiler's ``load`` re-checks the ones its artifact used instead).
@@ -283,6 +330,8 @@ def compute_key(
     registries = getattr(compiler, "registry_factors", None)
     if registries is not None:
         factors["registries"] = registries(options)
+    if training:
+        factors["training"] = training_factors(gm)
     return digest(factors), factors
 
 

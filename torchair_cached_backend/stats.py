@@ -18,19 +18,22 @@ class CacheStats:
     entries a local miss found in the read-only base / the remote (``layers.py``),
     remote_published, remote_bytes_in / _out, and remote_faults (a remote that was
     down, slow, full, refused auth, or an entry refused as corrupt, partial or unsigned).
+    uncached_reasons: why graphs were compiled but not cached, counted by reason (e.g. a training
+    graph whose outputs alias its inputs).
     (A plain class: it is imported with the package, on the warm path.)
     """
 
     __slots__ = (
         "hits", "misses", "uncached", "quarantined", "load_seconds", "compile_seconds", "bypass_loads",
         "fallbacks", "storage_faults", "fallback_reasons",
+        "uncached_reasons",
         "base_hits", "remote_hits", "remote_published", "remote_faults", "remote_bytes_in", "remote_bytes_out",
     )
 
     def __init__(self, **values: object) -> None:
         for name in self.__slots__:
             default: object = 0.0 if name.endswith("seconds") else 0
-            if name == "fallback_reasons":
+            if name in ("fallback_reasons", "uncached_reasons"):
                 default = {}
             setattr(self, name, values.pop(name, default))
         if values:
@@ -61,6 +64,14 @@ def record_fallback(reason: str) -> None:
     with _lock:
         _stats.fallbacks += 1
         reasons = _stats.fallback_reasons
+        reasons[reason] = reasons.get(reason, 0) + 1
+
+
+def record_uncached(reason: str) -> None:
+    """Count, by reason, a graph compiled without being cached (the ``uncached`` or ``misses``
+    counter counts the compile itself)."""
+    with _lock:
+        reasons = _stats.uncached_reasons
         reasons[reason] = reasons.get(reason, 0) + 1
 
 

@@ -40,56 +40,156 @@ class EagerCompiler:
         return {"codegen": "fx-python-v1"}
 
     def compile(self, gm: torch.fx.GraphModule, example_inputs: list[Any], options: BackendOptions) -> CompileResult:
+        if options.custom_decompositions:
+            warn_once("eager-decompositions", "npu_cached: the eager inner compiler runs Dynamo's graph as it is; "
+                      "custom_decompositions apply with compiler='inductor' or 'torchair' only")
+        try:
+            files, refs = _package_graph(gm, "")
+        except _Uncacheable as exc:
+            return CompileResult(gm.forward, None, str(exc))
+        return CompileResult(gm.forward, Artifact(files=files, meta={"globals": refs}))
+
+    def compile_training(
+        self, gm: torch.fx.GraphModule, example_inputs: list[Any], options: BackendOptions
+    ) -> CompileResult:
+        """AOTAutograd's partitioned forward and backward (default min-cut partitioner, no
+        decompositions: ``aot_eager``'s route), each stored as FX Python code, plus the plan
+        :mod:`.autograd_runtime` runs them with. The cold process runs the stored pair too."""
         import torch
+        from torch._functorch import config as functorch_config
+        from torch._functorch.aot_autograd import aot_module_simplified, make_boxed_func
+        from torch._functorch.partitioners import min_cut_rematerialization_partition
+        from torch._guards import TracingContext
 
         if options.custom_decompositions:
             warn_once("eager-decompositions", "npu_cached: the eager inner compiler runs Dynamo's graph as it is; "
                       "custom_decompositions apply with compiler='inductor' or 'torchair' only")
-        code = gm.graph.python_code(root_module="self")
-        refs: dict[str, Any] = {}
-        for name, value in code.globals.items():
-            if name in _PLAIN_GLOBALS or name in vars(builtins):
-                continue
-            try:  # the same safe codec the bytecode uses: by import name, never pickle
-                refs[name] = code_codec.encode_value(value)
-            except code_codec.CodecError as exc:
-                return CompileResult(gm.forward, None, f"graph global {name} cannot be found in a fresh process: {exc}")
-        constants = {}
-        for node in gm.graph.nodes:
-            if node.op == "call_module":
-                return CompileResult(gm.forward, None, f"graph calls submodule {node.target!r}")
-            if node.op == "get_attr":
-                value = gm
-                for part in str(node.target).split("."):
-                    value = getattr(value, part)
-                if not isinstance(value, torch.Tensor):
-                    return CompileResult(gm.forward, None, f"graph attribute {node.target!r} is not a tensor")
-                constants[str(node.target)] = value.detach()
-        files = {SOURCE: code.src.encode()}
-        pycode.precompile(files, SOURCE, f"<npu_cached eager graph {SOURCE}>")
-        if constants:
-            from .stored_tensors import save_tensors
+        parts: dict[str, Any] = {}
 
-            files[CONSTANTS] = save_tensors(constants)
-        return CompileResult(gm.forward, Artifact(files=files, meta={"globals": refs}))
+        def fw_compiler(graph: torch.fx.GraphModule, inputs: list[Any]) -> Any:
+            parts["forward"] = graph
+            parts["meta"] = getattr(TracingContext.try_get(), "fw_metadata", None)
+            return make_boxed_func(graph.forward)
+
+        def bw_compiler(graph: torch.fx.GraphModule, inputs: list[Any]) -> Any:
+            parts["backward"] = graph
+            return make_boxed_func(graph.forward)
+
+        with functorch_config.patch(enable_autograd_cache=False, force_non_lazy_backward_lowering=True):
+            fn = aot_module_simplified(
+                gm, example_inputs, fw_compiler=fw_compiler, bw_compiler=bw_compiler,
+                partition_fn=min_cut_rematerialization_partition, keep_inference_input_mutations=True,
+            )
+        from .autograd_runtime import TrainingUnsupported, describe
+
+        try:
+            if "forward" not in parts or "backward" not in parts:
+                raise _Uncacheable("AOTAutograd did not produce a forward and a backward graph")
+            fw, bw = parts["forward"], parts["backward"]
+            plan = describe(parts["meta"], len(example_inputs), _placeholders(fw), _outputs(fw), _placeholders(bw))
+            files: dict[str, bytes] = {}
+            refs: dict[str, Any] = {}
+            for prefix, graph in ((FW, fw), (BW, bw)):
+                part_files, refs[prefix] = _package_graph(graph, prefix)
+                files.update(part_files)
+        except (_Uncacheable, TrainingUnsupported) as exc:
+            return CompileResult(fn, None, str(exc))
+        disable_amp = torch._C._is_any_autocast_enabled()
+        artifact = Artifact(files=files, meta={"part_globals": refs, "training": plan, "disable_amp": disable_amp})
+        return CompileResult(self.load(artifact, options), artifact)
 
     def load(self, artifact: Artifact, options: BackendOptions) -> Callable[..., Any]:
-        namespace: dict[str, Any] = dict(_PLAIN_GLOBALS)
-        for name, ref in artifact.meta.get("globals", {}).items():
-            namespace[name] = code_codec.decode_value(ref)
-        exec(pycode.load_code(artifact.files, SOURCE, f"<npu_cached eager graph {SOURCE}>"), namespace)
-        forward = namespace["forward"]
-        holder = _Holder()
-        if CONSTANTS in artifact.files:
-            from .stored_tensors import load_tensors  # real tensors even inside Dynamo's fake mode
+        plan = artifact.meta.get("training")
+        if plan is None:
+            return _load_graph(artifact.files, "", _namespace(artifact.meta.get("globals", {})))
+        from .autograd_runtime import build
 
-            constants = load_tensors(artifact.files[CONSTANTS])
-            for target, tensor in constants.items():
-                *parents, leaf = target.split(".")
-                obj: Any = holder
-                for part in parents:
-                    if not hasattr(obj, part):
-                        setattr(obj, part, _Holder())
-                    obj = getattr(obj, part)
-                setattr(obj, leaf, tensor)
-        return types.MethodType(forward, holder)
+        refs = artifact.meta["part_globals"]
+        forward = _boxed(_load_graph(artifact.files, FW, _namespace(refs[FW])))
+        backward = _boxed(_load_graph(artifact.files, BW, _namespace(refs[BW])))
+        return build(forward, backward, plan, bool(artifact.meta.get("disable_amp")))
+
+
+def _namespace(refs: dict[str, Any]) -> dict[str, Any]:
+    namespace: dict[str, Any] = dict(_PLAIN_GLOBALS)
+    for name, ref in refs.items():
+        namespace[name] = code_codec.decode_value(ref)
+    return namespace
+
+
+#: file-name prefixes of a training artifact's forward and backward graphs
+FW, BW = "fw.", "bw."
+
+
+class _Uncacheable(Exception):
+    pass
+
+
+def _placeholders(graph: Any) -> int:
+    return sum(1 for n in graph.graph.nodes if n.op == "placeholder")
+
+
+def _outputs(graph: Any) -> int:
+    out = next(n for n in reversed(graph.graph.nodes) if n.op == "output")
+    value = out.args[0]
+    return len(value) if isinstance(value, (list, tuple)) else 1
+
+
+def _boxed(fn: Callable[..., Any]) -> Callable[[list[Any]], Any]:
+    def boxed(args: list[Any]) -> Any:
+        return fn(*args)
+
+    return boxed
+
+
+def _package_graph(gm: Any, prefix: str) -> tuple[dict[str, bytes], dict[str, Any]]:
+    """``gm``'s Python code (+ bytecode) and its tensor constants as files named with
+    ``prefix``, and its globals as codec references; :class:`_Uncacheable` says why not."""
+    import torch
+
+    code = gm.graph.python_code(root_module="self")
+    refs: dict[str, Any] = {}
+    for name, value in code.globals.items():
+        if name in _PLAIN_GLOBALS or name in vars(builtins):
+            continue
+        try:  # the same safe codec the bytecode uses: by import name, never pickle
+            refs[name] = code_codec.encode_value(value)
+        except code_codec.CodecError as exc:
+            raise _Uncacheable(f"graph global {name} cannot be found in a fresh process: {exc}") from exc
+    constants = {}
+    for node in gm.graph.nodes:
+        if node.op == "call_module":
+            raise _Uncacheable(f"graph calls submodule {node.target!r}")
+        if node.op == "get_attr":
+            value = gm
+            for part in str(node.target).split("."):
+                value = getattr(value, part)
+            if not isinstance(value, torch.Tensor):
+                raise _Uncacheable(f"graph attribute {node.target!r} is not a tensor")
+            constants[str(node.target)] = value.detach()
+    files = {prefix + SOURCE: code.src.encode()}
+    pycode.precompile(files, prefix + SOURCE, f"<npu_cached eager graph {prefix}{SOURCE}>")
+    if constants:
+        from .stored_tensors import save_tensors
+
+        files[prefix + CONSTANTS] = save_tensors(constants)
+    return files, refs
+
+
+def _load_graph(files: dict[str, bytes], prefix: str, namespace: dict[str, Any]) -> Callable[..., Any]:
+    exec(pycode.load_code(files, prefix + SOURCE, f"<npu_cached eager graph {prefix}{SOURCE}>"), namespace)
+    forward = namespace["forward"]
+    holder = _Holder()
+    if prefix + CONSTANTS in files:
+        from .stored_tensors import load_tensors  # real tensors even inside Dynamo's fake mode
+
+        constants = load_tensors(files[prefix + CONSTANTS])
+        for target, tensor in constants.items():
+            *parents, leaf = target.split(".")
+            obj: Any = holder
+            for part in parents:
+                if not hasattr(obj, part):
+                    setattr(obj, part, _Holder())
+                obj = getattr(obj, part)
+            setattr(obj, leaf, tensor)
+    return types.MethodType(forward, holder)

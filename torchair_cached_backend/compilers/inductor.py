@@ -91,11 +91,12 @@ class Uncacheable(Exception):
 class _Capture:
     """What our ``inner_compile`` hook saw for one Inductor compile."""
 
-    __slots__ = ("output", "fw_metadata", "is_inference", "num_inputs", "fakify_first_call", "cudagraphs", "graph")
+    __slots__ = ("output", "fw_metadata", "is_inference", "num_inputs", "fakify_first_call", "cudagraphs", "graph",
+                 "is_backward")
 
     def __init__(
         self, output: Any, fw_metadata: Any, is_inference: bool, num_inputs: int, fakify_first_call: bool, cudagraphs: bool,
-        graph: Any = None,
+        graph: Any = None, is_backward: bool = False,
     ) -> None:
         self.output = output
         self.fw_metadata = fw_metadata
@@ -105,6 +106,7 @@ class _Capture:
         self.cudagraphs = cudagraphs
         #: the graph Inductor lowered (after freezing: holds the frozen parameters)
         self.graph = graph
+        self.is_backward = is_backward
 
 
 class _Rewritten:
@@ -170,36 +172,7 @@ class InductorCompiler:
         The AOTAutograd cache is disabled for this compile: on a hit it would skip
         ``inner_compile`` and we would never see the generated wrapper.
         """
-        import torch._functorch.config as functorch_config
-        from torch._guards import TracingContext
-        from torch._inductor import compile_fx as cfx
-
-        captures: list[_Capture] = []
-
-        def inner_compile(graph: torch.fx.GraphModule, inputs: list[Any], **kwargs: Any) -> Any:
-            ctx = TracingContext.try_get()
-            out = cfx.compile_fx_inner(graph, inputs, **kwargs)
-            captures.append(
-                _Capture(
-                    output=out,
-                    fw_metadata=getattr(ctx, "fw_metadata", None),
-                    is_inference=bool(kwargs.get("is_inference", False)),
-                    num_inputs=len(inputs),
-                    fakify_first_call=bool(getattr(ctx, "fakify_first_call", False)),
-                    cudagraphs=bool(kwargs.get("cudagraphs")),
-                    graph=graph,
-                )
-            )
-            return out
-
-        disable_amp = torch._C._is_any_autocast_enabled()
-        kwargs: dict[str, Any] = {"inner_compile": inner_compile}
-        if options.custom_decompositions:
-            from torch._inductor.decomposition import select_decomp_table
-
-            kwargs["decompositions"] = {**select_decomp_table(), **options.custom_decompositions}
-        with functorch_config.patch(enable_autograd_cache=False):
-            fn = cfx.compile_fx(gm, example_inputs, **kwargs)
+        fn, captures, disable_amp = _compile_capturing(gm, example_inputs, options, training=False)
         try:
             artifact = self._package(captures, example_inputs, disable_amp)
         except Uncacheable as e:
@@ -208,90 +181,72 @@ class InductorCompiler:
             return CompileResult(fn=fn, artifact=None, reason=f"cannot package Inductor output: {e!r}")
         return CompileResult(fn=fn, artifact=artifact)
 
-    def _package(self, captures: list[_Capture], example_inputs: list[Any], disable_amp: bool) -> Artifact:
-        from torch._inductor import config as inductor_config
-        from torch._inductor.output_code import CompiledFxGraph
+    def compile_training(
+        self,
+        gm: torch.fx.GraphModule,
+        example_inputs: list[Any],
+        options: BackendOptions,
+    ) -> CompileResult:
+        """A graph that needs autograd: ``compile_fx``'s own AOTAutograd route (its
+        decompositions, joint-graph passes and min-cut partitioner), with the backward
+        compiled now instead of at the first ``backward()``, so both wrappers (and their
+        kernels) go into one artifact with the plan :mod:`.autograd_runtime` runs them
+        with. The cold process runs what a warm one loads."""
+        from .autograd_runtime import TrainingUnsupported, describe
 
+        fn, captures, disable_amp = _compile_capturing(gm, example_inputs, options, training=True)
+        try:
+            forward = [c for c in captures if not c.is_backward and not c.is_inference]
+            backward = [c for c in captures if c.is_backward]
+            if len(forward) != 1 or len(backward) != 1 or len(captures) != 2:
+                raise Uncacheable(f"Inductor produced {len(forward)} forward and {len(backward)} backward graphs "
+                                  "(expected one of each)")
+            fw, bw = forward[0], backward[0]
+            _check_plain_inputs(example_inputs)
+            plan = describe(fw.fw_metadata, len(example_inputs), fw.num_inputs, _num_outputs(fw.graph), bw.num_inputs)
+            files: dict[str, bytes] = {}
+            parts: dict[str, Any] = {}
+            for prefix, cap in ((FW_PREFIX, fw), (BW_PREFIX, bw)):
+                part_files, parts[prefix] = _package_wrapper(cap, prefix)
+                files.update(part_files)
+            meta = {
+                "format": FORMAT_VERSION,
+                "training": plan,
+                "disable_amp": bool(disable_amp),
+                "parts": parts,
+                "lean": all(p["lean"] for p in parts.values()),
+                "threads": _compiled_threads(),
+                "num_inputs": len(example_inputs),
+            }
+            json.dumps(meta)
+            artifact = Artifact(files=files, meta=meta)
+        except (Uncacheable, TrainingUnsupported) as e:
+            return CompileResult(fn=fn, artifact=None, reason=str(e))
+        except Exception as e:  # packaging must never break a compile that worked
+            return CompileResult(fn=fn, artifact=None, reason=f"cannot package Inductor output: {e!r}")
+        return CompileResult(fn=self.load(artifact, options), artifact=artifact)
+
+    def _package(self, captures: list[_Capture], example_inputs: list[Any], disable_amp: bool) -> Artifact:
         if not captures:
             raise Uncacheable("Inductor produced no compiled graph to store")
         if len(captures) > 1 or not captures[0].is_inference:
             raise Uncacheable("graph needs autograd (forward+backward); only inference graphs are cached")
         cap = captures[0]
-        cg = cap.output
-        if not isinstance(cg, CompiledFxGraph):
-            raise Uncacheable(f"Inductor returned {type(cg).__name__}, not a CompiledFxGraph")
-        if cap.cudagraphs:
-            raise Uncacheable("CUDA graphs are enabled (mode='reduce-overhead'); not reproducible from the wrapper")
-        if inductor_config.cpp_wrapper:
-            raise Uncacheable("inductor cpp_wrapper mode is not supported")
-        if not cg.source_code:
-            raise Uncacheable("compiled graph has no Python wrapper source")
-        if getattr(cg, "inputs_to_check", ()):
-            raise Uncacheable("graph needs runtime input realignment (GPU)")
-        if getattr(cg, "_wrap_compiled_regions", False):
-            raise Uncacheable("wrap_inductor_compiled_regions is enabled")
-        if getattr(cg, "opaque_value_type_classes", None):
-            raise Uncacheable("graph uses opaque value types")
         if cap.num_inputs != len(example_inputs):
             raise Uncacheable(
                 f"AOTAutograd changed the inputs ({len(example_inputs)} -> {cap.num_inputs}: "
                 "deduplicated/synthetic-base/frozen/token args)"
             )
-
-        rewritten = rewrite_wrapper(cg.source_code)
+        _check_compiled(cap)
         plan = _runtime_plan(cap, example_inputs, disable_amp)
-
-        files: dict[str, bytes] = {WRAPPER_FILE: rewritten.source.encode()}
-        pycode.precompile(files, WRAPPER_FILE, WRAPPER_FILE)
-        module_globals = _wrapper_globals(cg)
-        kernels: dict[str, list[str]] = {}
-        for kname in rewritten.kernels:
-            path = _kernel_path(module_globals.get(kname), kname)
-            with open(path, "rb") as f:
-                blob = f.read()
-            digest = hashlib.sha256(blob).hexdigest()[:24]
-            fname = f"k_{digest}.so"
-            files[fname] = blob
-            kernels[kname] = [fname, digest]
-
-        extern_refs: dict[str, str] = {}
-        unresolved: list[str] = []
-        if rewritten.externs:
-            from torch._inductor.select_algorithm import extern_kernels
-
-            for ename in sorted(rewritten.externs):
-                ref = reference_of(getattr(extern_kernels, ename, None))
-                if ref is None:
-                    unresolved.append(ename)
-                else:
-                    extern_refs[ename] = ref
-
-        constants = _constant_values(cg, cap.graph)
-        undeclared = sorted(set(rewritten.constants) - set(constants))
-        if undeclared:
-            raise Uncacheable(f"wrapper reads constants Inductor did not hand over: {undeclared[:5]}")
-        if constants:
-            files[CONSTANTS_FILE] = save_tensors(constants)
+        files, meta = _package_wrapper(cap, "")
         if plan["aot_runtime"]:
             files[AOT_META_FILE] = pickle.dumps(cap.fw_metadata)
-
-        blockers = list(plan["aot_reasons"])
-        blockers += [f"extern kernel {n} lives in torch._inductor" for n in unresolved]
-        blockers += [f"wrapper imports {m}" for m in rewritten.inductor_imports]
-        meta = {
-            "format": FORMAT_VERSION,
-            "lean": not blockers,
-            "lean_blockers": blockers,
-            "needs_inductor": bool(unresolved or rewritten.inductor_imports),
-            "aot_runtime": plan["aot_runtime"],
-            "runtime": plan["runtime"],
-            "kernels": kernels,
-            "externs": extern_refs,
-            "constants": CONSTANTS_FILE in files,
-            "constant_names": sorted(rewritten.constants),
-            "threads": _compiled_threads(cg.source_code),
-            "num_inputs": len(example_inputs),
-        }
+        blockers = list(plan["aot_reasons"]) + meta["lean_blockers"]
+        meta.update(
+            lean=not blockers, lean_blockers=blockers, aot_runtime=plan["aot_runtime"], runtime=plan["runtime"],
+            num_inputs=len(example_inputs),
+        )
         json.dumps(meta)  # fail here, not in the store, if something is not JSON-able
         return Artifact(files=files, meta=meta)
 
@@ -308,11 +263,19 @@ class InductorCompiler:
         meta = artifact.meta
         if meta.get("format") != FORMAT_VERSION:
             raise ValueError(f"inductor artifact format {meta.get('format')!r}, expected {FORMAT_VERSION}")
-        _check_named_files(meta, artifact.files)
-        return _load_from(artifact.files, meta)
+        parts = meta.get("parts") if meta.get("training") is not None else None
+        for prefix, part in parts.items() if parts is not None else (("", meta),):
+            _check_named_files(part, artifact.files, prefix)
+        if parts is None:
+            return _load_from(artifact.files, meta)
+        from .autograd_runtime import build
+
+        forward = _load_from(artifact.files, parts[FW_PREFIX], FW_PREFIX)
+        backward = _load_from(artifact.files, parts[BW_PREFIX], BW_PREFIX)
+        return build(forward, backward, meta["training"], bool(meta.get("disable_amp")))
 
 
-def _check_named_files(meta: dict[str, Any], files: dict[str, bytes]) -> None:
+def _check_named_files(meta: dict[str, Any], files: dict[str, bytes], prefix: str = "") -> None:
     """Every file the metadata names (kernels to dlopen, the wrapper, constants, AOT metadata)
     must be one of the artifact's checksummed files: a name taken from a manifest never
     reaches dlopen, exec or unpickling unless its bytes were verified."""
@@ -321,17 +284,20 @@ def _check_named_files(meta: dict[str, Any], files: dict[str, bytes]) -> None:
         if not plain or fname not in files:
             raise ValueError(f"inductor artifact names kernel {name!r} as {fname!r}, which is not one of its "
                              "checksummed files; refusing to load it")
-    needed = [WRAPPER_FILE] + ([CONSTANTS_FILE] if meta.get("constants") else []) + (
+    needed = [prefix + WRAPPER_FILE] + ([prefix + CONSTANTS_FILE] if meta.get("constants") else []) + (
         [AOT_META_FILE] if meta.get("aot_runtime") else [])
     for fname in needed:
         if fname not in files:
             raise ValueError(f"inductor artifact lacks its checksummed file {fname!r}; refusing to load it")
 
 
-def _load_from(files: dict[str, bytes], meta: dict[str, Any]) -> Callable[..., Any]:
-    """The callable, built only from the verified bytes in ``files``."""
-    wrapper_name = f"<tcb inductor wrapper {hashlib.sha256(files[WRAPPER_FILE]).hexdigest()[:16]}>"
-    code = pycode.load_code(files, WRAPPER_FILE, wrapper_name)
+def _load_from(files: dict[str, bytes], meta: dict[str, Any], prefix: str = "") -> Callable[..., Any]:
+    """The callable, built only from the verified bytes in ``files``; for one part of a
+    training artifact (files named with ``prefix``, no ``runtime`` plan of its own) the
+    wrapper's boxed ``call``."""
+    wrapper_file = prefix + WRAPPER_FILE
+    wrapper_name = f"<tcb inductor wrapper {hashlib.sha256(files[wrapper_file]).hexdigest()[:16]}>"
+    code = pycode.load_code(files, wrapper_file, wrapper_name)
     namespace: dict[str, Any] = dict(rt.SHIMS)
     namespace["extern_kernels"] = rt.build_extern_namespace(meta["externs"], bool(meta["needs_inductor"]))
     namespace["_load_kernel"] = rt.kernel_loader(files, meta["kernels"])
@@ -339,12 +305,14 @@ def _load_from(files: dict[str, bytes], meta: dict[str, Any]) -> Callable[..., A
     if meta.get("constants"):
         # after exec: the wrapper declares each constant as ``name = None`` (Inductor
         # also sets them as module attributes once the module has run)
-        vars(module).update(load_tensors(files[CONSTANTS_FILE]))
+        vars(module).update(load_tensors(files[prefix + CONSTANTS_FILE]))
     missing = [name for name in meta.get("constant_names", ()) if not isinstance(vars(module).get(name), torch.Tensor)]
     if missing:
         raise ValueError(f"inductor artifact lacks constants {missing[:5]} its wrapper reads")
     call = rt.pin_threads(module.call, meta.get("threads"))
-    runtime = meta["runtime"]
+    runtime = meta.get("runtime")
+    if runtime is None:  # a part of a training artifact: autograd_runtime wraps it
+        return call
     if meta["aot_runtime"]:
         return rt.aot_runtime_wrap(call, files[AOT_META_FILE], bool(runtime.get("disable_amp")))
     return rt.lean_callable(call, runtime)
@@ -523,6 +491,143 @@ def _runtime_plan(cap: _Capture, example_inputs: list[Any], disable_amp: bool) -
             "grad_enabled_mutation": meta.grad_enabled_mutation,
         },
     }
+
+
+#: file-name prefixes of a training artifact's forward and backward wrappers
+FW_PREFIX, BW_PREFIX = "fw.", "bw."
+
+
+def _compile_capturing(
+    gm: Any, example_inputs: list[Any], options: BackendOptions, training: bool
+) -> tuple[Any, list[_Capture], bool]:
+    """``compile_fx`` with an ``inner_compile`` that records each graph Inductor compiles
+    (AOTAutograd cache off, so none is skipped; for training, the backward compiled now)."""
+    import torch._functorch.config as functorch_config
+    from torch._guards import TracingContext
+    from torch._inductor import compile_fx as cfx
+
+    captures: list[_Capture] = []
+
+    def inner_compile(graph: torch.fx.GraphModule, inputs: list[Any], **kwargs: Any) -> Any:
+        ctx = TracingContext.try_get()
+        out = cfx.compile_fx_inner(graph, inputs, **kwargs)
+        captures.append(
+            _Capture(
+                output=out,
+                fw_metadata=getattr(ctx, "fw_metadata", None),
+                is_inference=bool(kwargs.get("is_inference", False)),
+                num_inputs=len(inputs),
+                fakify_first_call=bool(getattr(ctx, "fakify_first_call", False)),
+                cudagraphs=bool(kwargs.get("cudagraphs")),
+                graph=graph,
+                is_backward=bool(kwargs.get("is_backward", False)),
+            )
+        )
+        return out
+
+    disable_amp = torch._C._is_any_autocast_enabled()
+    kwargs: dict[str, Any] = {"inner_compile": inner_compile}
+    if options.custom_decompositions:
+        from torch._inductor.decomposition import select_decomp_table
+
+        kwargs["decompositions"] = {**select_decomp_table(), **options.custom_decompositions}
+    patch: dict[str, Any] = {"enable_autograd_cache": False}
+    if training:
+        patch["force_non_lazy_backward_lowering"] = True
+    with functorch_config.patch(**patch):
+        fn = cfx.compile_fx(gm, example_inputs, **kwargs)
+    return fn, captures, disable_amp
+
+
+def _check_compiled(cap: _Capture) -> None:
+    """What makes calling a captured wrapper's ``call`` equal to calling Inductor's output."""
+    from torch._inductor import config as inductor_config
+    from torch._inductor.output_code import CompiledFxGraph
+
+    cg = cap.output
+    if not isinstance(cg, CompiledFxGraph):
+        raise Uncacheable(f"Inductor returned {type(cg).__name__}, not a CompiledFxGraph")
+    if cap.cudagraphs:
+        raise Uncacheable("CUDA graphs are enabled (mode='reduce-overhead'); not reproducible from the wrapper")
+    if inductor_config.cpp_wrapper:
+        raise Uncacheable("inductor cpp_wrapper mode is not supported")
+    if not cg.source_code:
+        raise Uncacheable("compiled graph has no Python wrapper source")
+    if getattr(cg, "inputs_to_check", ()):
+        raise Uncacheable("graph needs runtime input realignment (GPU)")
+    if getattr(cg, "_wrap_compiled_regions", False):
+        raise Uncacheable("wrap_inductor_compiled_regions is enabled")
+    if getattr(cg, "opaque_value_type_classes", None):
+        raise Uncacheable("graph uses opaque value types")
+
+
+def _check_plain_inputs(example_inputs: list[Any]) -> None:
+    for x in example_inputs:
+        if isinstance(x, torch.Tensor) and type(x) not in (torch.Tensor, torch.nn.Parameter):
+            raise Uncacheable(f"input of type {type(x).__name__} (tensor subclass)")
+
+
+def _num_outputs(graph: Any) -> int:
+    out = next(n for n in reversed(graph.graph.nodes) if n.op == "output")
+    value = out.args[0]
+    return len(value) if isinstance(value, (list, tuple)) else 1
+
+
+def _package_wrapper(cap: _Capture, prefix: str) -> tuple[dict[str, bytes], dict[str, Any]]:
+    """One compiled graph's rewritten wrapper, kernel libraries and constants, as files
+    (wrapper and constants named with ``prefix``; kernels by content digest, so the
+    forward and backward of a training graph share a library they both call) and the
+    metadata :func:`_load_from` reads."""
+    _check_compiled(cap)
+    cg = cap.output
+    rewritten = rewrite_wrapper(cg.source_code)
+    files: dict[str, bytes] = {prefix + WRAPPER_FILE: rewritten.source.encode()}
+    pycode.precompile(files, prefix + WRAPPER_FILE, prefix + WRAPPER_FILE)
+    module_globals = _wrapper_globals(cg)
+    kernels: dict[str, list[str]] = {}
+    for kname in rewritten.kernels:
+        path = _kernel_path(module_globals.get(kname), kname)
+        with open(path, "rb") as f:
+            blob = f.read()
+        digest = hashlib.sha256(blob).hexdigest()[:24]
+        fname = f"k_{digest}.so"
+        files[fname] = blob
+        kernels[kname] = [fname, digest]
+
+    extern_refs: dict[str, str] = {}
+    unresolved: list[str] = []
+    if rewritten.externs:
+        from torch._inductor.select_algorithm import extern_kernels
+
+        for ename in sorted(rewritten.externs):
+            ref = reference_of(getattr(extern_kernels, ename, None))
+            if ref is None:
+                unresolved.append(ename)
+            else:
+                extern_refs[ename] = ref
+
+    constants = _constant_values(cg, cap.graph)
+    undeclared = sorted(set(rewritten.constants) - set(constants))
+    if undeclared:
+        raise Uncacheable(f"wrapper reads constants Inductor did not hand over: {undeclared[:5]}")
+    if constants:
+        files[prefix + CONSTANTS_FILE] = save_tensors(constants)
+    blockers = [f"extern kernel {n} lives in torch._inductor" for n in unresolved]
+    blockers += [f"wrapper imports {m}" for m in rewritten.inductor_imports]
+    meta = {
+        "format": FORMAT_VERSION,
+        "lean": not blockers,
+        "lean_blockers": blockers,
+        "needs_inductor": bool(unresolved or rewritten.inductor_imports),
+        "aot_runtime": False,
+        "runtime": None,
+        "kernels": kernels,
+        "externs": extern_refs,
+        "constants": prefix + CONSTANTS_FILE in files,
+        "constant_names": sorted(rewritten.constants),
+        "threads": _compiled_threads(cg.source_code),
+    }
+    return files, meta
 
 
 def _wrapper_globals(cg: Any) -> dict[str, Any]:
