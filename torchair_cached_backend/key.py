@@ -163,7 +163,6 @@ def _describe_function(fn: Any) -> dict[str, Any] | None:
     import types
 
     from .bypass.sources import is_library_file
-    from .fingerprint import describe_callable
 
     inner = getattr(fn, "__wrapped__", fn)
     code = getattr(inner, "__code__", None)
@@ -173,7 +172,26 @@ def _describe_function(fn: Any) -> dict[str, Any] | None:
         return None
     name = qualified_name(fn)
     return {"name": name, "kind": "function", "module": getattr(fn, "__module__", None),
-            "qualname": getattr(fn, "__qualname__", None), "digest": digest(describe_callable(fn))}
+            "qualname": getattr(fn, "__qualname__", None), "digest": digest(function_description(fn))}
+
+
+def function_description(fn: Any) -> Any:
+    """A called function by its code, bound values and the globals its code reads
+    (Dynamo guards none of it: it never looks inside an ``allow_in_graph`` helper)."""
+    import types
+
+    from .fingerprint import describe_callable, describe_value
+
+    code = fn.__code__
+    names: set[str] = set()
+    stack = [code]
+    while stack:
+        c = stack.pop()
+        names.update(c.co_names)
+        stack.extend(k for k in c.co_consts if isinstance(k, types.CodeType))
+    scope = getattr(fn, "__globals__", {})
+    read = {n: describe_value(scope[n]) for n in sorted(names) if n in scope and not n.startswith("__")}
+    return {"callable": describe_callable(fn), "globals": read}
 
 
 def _overload(target: Any) -> Any:
@@ -266,8 +284,6 @@ def _decomposition_digest(op: Any, args: list[Any], kwargs: dict[str, Any]) -> s
 def stale_call_targets(recorded: dict[str, dict[str, Any]] | None) -> list[str]:
     """The recorded call targets (:func:`call_target_factors`) that compute something
     else in this process (empty: all the same)."""
-    from .fingerprint import describe_callable
-
     stale = []
     for name, item in (recorded or {}).items():
         now: str | None = None
@@ -278,7 +294,7 @@ def stale_call_targets(recorded: dict[str, dict[str, Any]] | None) -> list[str]:
                 obj: Any = importlib.import_module(item["module"])
                 for part in str(item["qualname"]).split("."):
                     obj = getattr(obj, part)
-                now = digest(describe_callable(obj))
+                now = digest(function_description(obj))
             elif item.get("kind") == "op":
                 import torch
 

@@ -473,10 +473,12 @@ def _mutated_sources(output: Any) -> tuple[str, ...]:
     mutations = getattr(side_effects, "store_attr_mutations", None) or {}
     out = []
     for var, attrs in list(mutations.items()):
-        source = getattr(var, "source", None)
-        name = getattr(source, "name", None)
-        if callable(name):
-            name = name()
+        try:  # an object the frame creates itself has no source a guard could name
+            name = getattr(getattr(var, "source", None), "name", None)
+            if callable(name):
+                name = name()
+        except Exception:
+            continue
         if isinstance(name, str):
             out.extend(f"{name}.{attr}" for attr in attrs)
     return tuple(out)
