@@ -21,6 +21,7 @@ import enum
 import importlib
 import os
 import sys
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -36,9 +37,13 @@ SAME_SCALE = float(os.environ.get("GUARD_MATRIX_SCALE", "1.0"))
 
 
 def phase_env(phase: str) -> dict[str, str]:
-    """Environment of a phase's process: what the globals read at import become."""
+    """Environment of a phase's process: what the globals read at import become (and
+    ``GUARD_MATRIX_FORWARD_ENV``, read in a forward: unset cold, set warm)."""
     changed = phase == "warm"
-    return {"GUARD_MATRIX_FLAG": "1" if changed else "0", "GUARD_MATRIX_SCALE": "4.0" if changed else "1.0"}
+    env = {"GUARD_MATRIX_FLAG": "1" if changed else "0", "GUARD_MATRIX_SCALE": "4.0" if changed else "1.0"}
+    if changed:
+        env["GUARD_MATRIX_FORWARD_ENV"] = "1"
+    return env
 
 
 def randn(*shape: int, seed: int = 0) -> torch.Tensor:
@@ -82,6 +87,8 @@ class Case:
     eager_imports_dynamo = False
     #: inner compiler -> why it never caches this program's graphs (so even unchanged it is compiled)
     uncached_with: dict[str, str] = {}
+    #: the inner compilers the case runs with (a pure guard case needs one: the check is the same)
+    compilers: tuple[str, ...] = ("eager", "inductor")
 
     def build(self, phase: str, workdir: str) -> dict[str, Any]:
         raise NotImplementedError
@@ -1048,6 +1055,17 @@ class DefaultArg(Case):
         return {"main": module.EditedDefault().eval()}
 
 
+def edited_module(workdir: str, name: str, source: str) -> Any:
+    """Write ``source`` as module ``name`` (this phase's version of a source file) and import it."""
+    src = os.path.join(workdir, "edited_src")
+    os.makedirs(src, exist_ok=True)
+    with open(os.path.join(src, f"{name}.py"), "w") as f:
+        f.write(source)
+    if src not in sys.path:
+        sys.path.insert(0, src)
+    return importlib.import_module(name)
+
+
 # ---------------------------------------------------------------------------
 # structured inputs, instances
 # ---------------------------------------------------------------------------
@@ -1234,6 +1252,475 @@ class BufferRenamed(Case):
         return {"main": seeded(BufferRenamedModel, "offset" if phase == "warm" else "off")}
 
 
+# ---------------------------------------------------------------------------
+# issue 17: what a method call resolves to, what a graph calls by name, generated code,
+# process state Dynamo folds, numpy values, torch function modes, mutable attributes
+# ---------------------------------------------------------------------------
+
+
+def patched_act(self, h):
+    return torch.tanh(h) * 3.0
+
+
+class PatchNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def act(self, h):
+        return torch.relu(h)
+
+    def inner(self, x):
+        return self.act(self.lin(x))
+
+    forward = inner
+
+
+_PATCHNET_ACT = PatchNet.act
+
+
+class MethodPatched(Case):
+    name, changes = "method_patched", "a method monkeypatched onto the class at run time (cold only): `PatchNet.act = patched_act`"
+    error_words = ("act", "resolves")
+    compilers = ("eager",)
+
+    def build(self, phase, workdir):
+        PatchNet.act = _PATCHNET_ACT if phase == "warm" else patched_act
+        return {"main": seeded(PatchNet)}
+
+
+class ActBaseA(nn.Module):
+    def act(self, h):
+        return torch.relu(h)
+
+
+class ActBaseB(nn.Module):
+    def act(self, h):
+        return torch.sigmoid(h) - 0.5
+
+
+class SwitchNet(ActBaseA):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def inner(self, x):
+        return self.act(self.lin(x))
+
+    forward = inner
+
+
+class BaseSwitched(Case):
+    name, changes = "base_switched", "the base class switched (`SwitchNet.__bases__` ActBaseA -> ActBaseB: another `act`)"
+    error_words = ("act", "resolves")
+    compilers = ("eager",)
+
+    def build(self, phase, workdir):
+        SwitchNet.__bases__ = (ActBaseB,) if phase == "warm" else (ActBaseA,)
+        return {"main": seeded(SwitchNet)}
+
+
+OVERRIDE_SOURCE = '''
+import torch
+
+
+class Base(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin = torch.nn.Linear(8, 8)
+
+    def act(self, h):
+        return torch.relu(h)
+
+
+class Child(Base):
+{override}
+    def inner(self, x):
+        return self.act(self.lin(x))
+
+    forward = inner
+'''
+
+
+class SubclassOverride(Case):
+    name, changes = "subclass_override", "an override of `act` added in the subclass (source file edited; the base's `act` unchanged)"
+    error_words = ("act", "resolves", "edited")
+    compilers = ("eager",)
+
+    def build(self, phase, workdir):
+        override = "    def act(self, h):\n        return torch.tanh(h) * 2.0\n" if phase == "warm" else ""
+        module = edited_module(workdir, "guard_subclass_override", OVERRIDE_SOURCE.format(override=override))
+        return {"main": module.Child().eval()}
+
+
+ALLOW_SOURCE = '''
+import torch
+import torch._dynamo
+
+
+@torch._dynamo.allow_in_graph
+def helper(h):
+    return torch.sin(h) * {factor}
+
+
+class AllowNet(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin = torch.nn.Linear(8, 8)
+
+    def inner(self, x):
+        return helper(self.lin(x)) + 1.0
+
+    forward = inner
+'''
+
+
+class AllowInGraphEdit(Case):
+    name, changes = "allow_in_graph_edit", "the body of a `torch._dynamo.allow_in_graph` helper edited (`* 2.0` -> `* 3.0`)"
+    error_words = ("helper", "edited")
+    eager_imports_dynamo = True  # the module itself imports torch._dynamo (allow_in_graph)
+
+    def build(self, phase, workdir):
+        module = edited_module(workdir, "guard_allow_in_graph", ALLOW_SOURCE.format(factor="3.0" if phase == "warm" else "2.0"))
+        return {"main": module.AllowNet().eval()}
+
+
+CUSTOM_OP_SOURCE = '''
+import torch
+
+LIB = torch.library.Library("tcbmatrix", "DEF")
+LIB.define("scaled_sin(Tensor x) -> Tensor")
+
+
+def scaled_sin_impl(x):
+    return torch.sin(x) * {factor}
+
+
+LIB.impl("scaled_sin", scaled_sin_impl, "CompositeImplicitAutograd")
+
+
+class OpNet(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin = torch.nn.Linear(8, 8)
+
+    def inner(self, x):
+        return torch.ops.tcbmatrix.scaled_sin(self.lin(x)) + 1.0
+
+    forward = inner
+'''
+
+
+class CustomOpEdit(Case):
+    name, changes = "custom_op_edit", "the Python CompositeImplicitAutograd kernel of a `torch.library` op edited (`* 2.0` -> `* 3.0`)"
+    eager_imports_dynamo = True  # calling a Python-kernel op imports torch._dynamo (its dispatch wrapper)
+    error_words = ("scaled_sin", "edited")
+
+    def build(self, phase, workdir):
+        module = edited_module(workdir, "guard_custom_op", CUSTOM_OP_SOURCE.format(factor="3.0" if phase == "warm" else "2.0"))
+        return {"main": module.OpNet().eval()}
+
+
+DATACLASS_SOURCE = '''
+import dataclasses
+
+import torch
+
+
+@dataclasses.dataclass
+class Scaled:
+    h: torch.Tensor
+    scale: float = {scale}
+
+
+class DataclassNet(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin = torch.nn.Linear(8, 8)
+
+    def inner(self, x):
+        out = Scaled(self.lin(x))
+        return out.h * out.scale
+
+    forward = inner
+'''
+
+
+class DataclassDefault(Case):
+    name, changes = "dataclass_default", "an edited `@dataclass` field default (`scale: float = 2.0` -> `3.0`; its `__init__` is generated code)"
+    error_words = ("__init__", "resolves", "edited")
+    compilers = ("eager",)
+
+    def build(self, phase, workdir):
+        module = edited_module(workdir, "guard_dataclass_default", DATACLASS_SOURCE.format(scale="3.0" if phase == "warm" else "2.0"))
+        return {"main": module.DataclassNet().eval()}
+
+
+class ReluTwice(nn.Module):
+    def forward(self, h):
+        return torch.relu(h) * 2.0
+
+
+class SigmoidThrice(nn.Module):
+    def forward(self, h):
+        return torch.sigmoid(h) * 3.0
+
+
+class FxSubModel(nn.Module):
+    def __init__(self, sub: nn.Module) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+        self.sub = torch.fx.symbolic_trace(sub)
+
+    def inner(self, x):
+        return self.sub(self.lin(x))
+
+    forward = inner
+
+
+class FxSubmodule(Case):
+    name, changes = "fx_submodule", "a torch.fx GraphModule submodule re-traced from other code (ReluTwice -> SigmoidThrice)"
+    error_words = ("forward", "resolves", "sub")
+    compilers = ("eager",)
+
+    def build(self, phase, workdir):
+        return {"main": seeded(FxSubModel, SigmoidThrice() if phase == "warm" else ReluTwice())}
+
+
+class EnvReadModel(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def inner(self, x):
+        h = self.lin(x)
+        if os.environ.get("GUARD_MATRIX_FORWARD_ENV"):
+            return h * 2.0
+        return h
+
+    forward = inner
+
+
+class EnvRead(Case):
+    name, changes = "env_read", "an environment variable read in forward (`os.environ.get`): unset cold, set warm"
+    error_words = ("GUARD_MATRIX_FORWARD_ENV", "environment")
+    compilers = ("eager",)
+
+    def build(self, phase, workdir):
+        return {"main": seeded(EnvReadModel)}
+
+
+def _process_group(rank: int | None) -> None:
+    """A (fake, one-process) default process group of world size 2 with this rank, or none."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    if rank is not None:
+        from torch.testing._internal.distributed.fake_pg import FakeStore
+
+        dist.init_process_group("fake", rank=rank, world_size=2, store=FakeStore())
+
+
+class DistModel(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def inner(self, x):
+        h = self.lin(x)
+        if torch.distributed.is_initialized():
+            return h * (torch.distributed.get_rank() + 2.0)
+        return h
+
+    forward = inner
+
+
+class DistInitialized(Case):
+    name, changes = "dist_initialized", "`dist.is_initialized()` in forward: cached in a plain process, served inside a process group"
+    error_words = ("process group",)
+    compilers = ("eager",)
+
+    def build(self, phase, workdir):
+        _process_group(0 if phase == "warm" else None)
+        return {"main": seeded(DistModel)}
+
+    def cold_steps(self):
+        return [Call("x", x48()), Do("no group", lambda s: _process_group(None))]
+
+    def warm_steps(self):
+        return [Call("x", x48(1)), Do("no group", lambda s: _process_group(None))]
+
+
+class DistRankModel(DistModel):
+    def inner(self, x):
+        h = self.lin(x)
+        if torch.distributed.is_initialized():
+            return h * (torch.distributed.get_rank() + 3.0)
+        return h
+
+    forward = inner
+
+
+class DistRank(DistInitialized):
+    name, changes = "dist_rank", "`dist.get_rank()` in forward, one cache dir: cached by rank 1, served to rank 0"
+
+    def build(self, phase, workdir):
+        _process_group(0 if phase == "warm" else 1)
+        return {"main": seeded(DistRankModel)}
+
+
+class HashModel(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def inner(self, x):
+        return self.lin(x) * float(hash("npu_cached") % 7 + 1)
+
+    forward = inner
+
+
+class HashStr(Case):
+    name, changes = "hash_str", "`hash(str)` in forward (randomized per process: such a frame is never replayed)"
+    error_words = ("hash",)
+    compilers = ("eager",)
+    uncached_with = {"eager": "hash(str) differs per process: the frame is not replayable (a counted fallback)"}
+
+    def build(self, phase, workdir):
+        return {"main": seeded(HashModel)}
+
+
+class NumpyAttrModel(nn.Module):
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        import numpy as np
+
+        self.lin = nn.Linear(8, 8)
+        self.scale = 1 / np.sqrt(d)
+
+    def inner(self, x):
+        return self.lin(x) * self.scale
+
+    forward = inner
+
+
+class NumpyAttr(Case):
+    name, changes = "numpy_attr", "a numpy float attribute `self.scale = 1 / np.sqrt(d)`, d 4 -> 16"
+    error_words = ("scale",)
+    compilers = ("eager",)
+
+    def build(self, phase, workdir):
+        return {"main": seeded(NumpyAttrModel, 16 if phase == "warm" else 4)}
+
+
+def numpy_call(seed: int, n: int = 8) -> Callable[[], tuple[tuple[Any, ...], dict[str, Any]]]:
+    return lambda: ((randn(4, 8, seed=seed), randn(n, seed=seed + 10).numpy()), {})
+
+
+class NumpyArgModel(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def inner(self, x, a):
+        return self.lin(x) + torch.as_tensor(a)
+
+    forward = inner
+
+
+class NumpyArg(Case):
+    name, changes = "numpy_arg", "a numpy array argument, new values (cold and warm) and a new shape (8,) -> (1,) warm"
+    error_words = SHAPE_WORDS
+    compilers = ("eager",)
+
+    def build(self, phase, workdir):
+        return {"main": seeded(NumpyArgModel)}
+
+    def cold_steps(self):
+        return [Call("a(8)", numpy_call(0))]
+
+    def warm_steps(self):
+        return [Call("a(8)", numpy_call(1)), Call("a(1)", numpy_call(2, 1))]
+
+
+class DefaultDeviceModel(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def inner(self, x):
+        return self.lin(x) + torch.arange(8)
+
+    forward = inner
+
+
+class DefaultDevice(Case):
+    name, changes = "default_device", '`torch.set_default_device("cpu")` in the cold script, not in the warm one'
+    error_words = ("function mode", "device")
+    compilers = ("eager",)
+
+    def build(self, phase, workdir):
+        torch.set_default_device(None if phase == "warm" else "cpu")
+        return {"main": seeded(DefaultDeviceModel)}
+
+    def cold_steps(self):
+        return [Call("x", x48()), Do("reset", lambda s: torch.set_default_device(None))]
+
+
+class KVModel(nn.Module):
+    """A self-growing cache attribute, as a hand-written decoder's KV cache."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+        self.cache = torch.zeros(0, 8)
+
+    def inner(self, x):
+        self.cache = torch.cat([self.cache, self.lin(x)])
+        return self.cache.sum(0) * self.cache.shape[0]
+
+    forward = inner
+
+
+def kv_call(seed: int) -> Callable[[], tuple[tuple[Any, ...], dict[str, Any]]]:
+    return lambda: ((randn(1, 8, seed=seed),), {})
+
+
+class KVCacheLoad(Case):
+    name, changes = "kv_cache_load", "a self-growing cache attribute (`self.cache = torch.cat(...)`), 3 decode steps per process"
+    error_words = ("cache",)
+    guards = "load"
+
+    def options(self, phase):
+        return {"guards": self.guards}
+
+    def build(self, phase, workdir):
+        self._twin = seeded(KVModel)  # the eager reference's own cache (a call grows it)
+        return {"main": seeded(KVModel)}
+
+    def reference(self, eager, args, kwargs, phase, compiler):
+        twin = getattr(self._twin, eager.__name__) if isinstance(eager, types.MethodType) else self._twin
+        return twin(*args, **kwargs)
+
+    def cold_steps(self):
+        return [Call(f"step{i}", kv_call(i)) for i in range(3)]
+
+    def warm_steps(self):
+        return [Call(f"step{i}", kv_call(i + 5)) for i in range(3)]
+
+
+class KVCacheCall(KVCacheLoad):
+    name = "kv_cache_call"
+    changes = 'the same cache pattern with `guards="call"` (variants chosen per call, not rejected at load)'
+    guards = "call"
+    compilers = ("eager",)
+
+
 CASES: dict[str, Case] = {
     c.name: c
     for c in (
@@ -1248,6 +1735,9 @@ CASES: dict[str, Case] = {
         CondBranches(), OptionDropped(), OptionKept(), OptionAdded(), DefaultArg(),
         NestedList(), NestedDict(), DataclassArg(), TwoInstances(),
         ParamDouble(), BufferAdded(), BufferRenamed(),
+        MethodPatched(), BaseSwitched(), SubclassOverride(), AllowInGraphEdit(), CustomOpEdit(),
+        DataclassDefault(), FxSubmodule(), EnvRead(), DistInitialized(), DistRank(), HashStr(),
+        NumpyAttr(), NumpyArg(), DefaultDevice(), KVCacheLoad(), KVCacheCall(),
     )
 }
 
@@ -1258,6 +1748,8 @@ LOAD_ROUTE = (
     "kwarg_alpha_second", "hook_before", "hook_top", "decode_branch", "equal_dims", "transposed",
     "cond_branches", "option_dropped", "option_kept", "option_added", "nested_list", "two_instances",
     "param_double", "buffer_added",
+    "method_patched", "base_switched", "allow_in_graph_edit", "custom_op_edit", "fx_submodule", "dist_rank",
+    "numpy_attr", "default_device", "kv_cache_load", "kv_cache_call",
 )
 
 
@@ -1266,7 +1758,7 @@ LOAD_ROUTE = (
 INDUCTOR_LOAD_ROUTE = (
     "attr_float", "train_after", "kwarg_alpha", "autocast", "default_dtype", "modulelist_len", "hook_top",
     "decode_branch", "equal_dims", "transposed", "cond_branches", "option_dropped", "option_kept", "option_added",
-    "nested_list", "two_instances",
+    "nested_list", "two_instances", "allow_in_graph_edit", "custom_op_edit", "kv_cache_load",
 )
 
 
@@ -1275,4 +1767,4 @@ def cases_for(route: str, compiler: str) -> list[str]:
         names = list(CASES)
     else:
         names = list(INDUCTOR_LOAD_ROUTE if compiler == "inductor" else LOAD_ROUTE)
-    return [n for n in names if route in CASES[n].routes]
+    return [n for n in names if route in CASES[n].routes and compiler in CASES[n].compilers]

@@ -223,7 +223,7 @@ def test_unchanged_is_replayed(matrix, compiler: str, route: str, name: str) -> 
     same = res["same"][name]
     title = f"{name} unchanged [{compiler}, {route}]"
     check_process(same)
-    bad = [describe(s) for s in same["steps"] if s["outcome"] != "correct"]
+    bad = [describe(s) for s in same["steps"] if s["outcome"] not in ("correct", "done")]
     assert not bad, f"{title}:\n" + "\n".join(bad)
     if compiler in CASES[name].uncached_with:  # nothing was cached to replay: the output check is all there is
         return

@@ -115,7 +115,198 @@ def graph_factors(gm: torch.fx.GraphModule) -> dict[str, Any]:
     out: dict[str, Any] = {"nodes": nodes, "constants": constants}
     if subgraphs:
         out["subgraphs"] = subgraphs
+    targets = call_target_factors(gm)
+    if targets:
+        out["call_targets"] = {name: t["digest"] for name, t in targets.items()}
     return out
+
+
+#: operator namespaces whose kernels come with torch (their version is in every key)
+_TORCH_OP_NAMESPACES = frozenset({
+    "aten", "prims", "quantized", "_quantized", "rngprims", "higher_order", "inductor", "debugprims",
+    "_c10d_functional", "c10d_functional", "_dtensor", "profiler", "_test", "mkldnn", "mkl", "onednn",
+    "quantized_decomposed", "_inductor_test", "fbgemm", "prim", "_operator", "torchvision",
+})
+
+
+def call_target_factors(gm: Any) -> dict[str, dict[str, Any]]:
+    """What a graph calls *by reference* that a compiler compiles *by content*, each
+    described by what it computes (the graph names them only, so an edit would
+    otherwise hit the stale artifact):
+
+    * a Python function a ``call_function`` node calls (``torch._dynamo.allow_in_graph``
+      helpers): its code, defaults and closure contents (installed libraries' functions
+      count by the library's version, as traced code does);
+    * an operator of a user namespace with a ``CompositeImplicitAutograd`` kernel (a
+      ``torch.library`` op implemented in Python, which AOTAutograd / Inductor trace
+      through): the operations its kernel runs on meta tensors of the node's inputs.
+
+    ``{name: {"kind", ..., "digest"}}``; the bypass loader re-describes them in the
+    warm process (:func:`stale_call_targets`) before replaying the graph."""
+    import torch
+
+    out: dict[str, dict[str, Any]] = {}
+    for node in gm.graph.nodes:
+        if node.op != "call_function":
+            continue
+        target = node.target
+        if isinstance(target, (torch._ops.OpOverloadPacket, torch._ops.OpOverload)):
+            described = _describe_op(target, node)
+        else:
+            described = _describe_function(target)
+        if described is not None:
+            out[described.pop("name")] = described
+    return out
+
+
+def _describe_function(fn: Any) -> dict[str, Any] | None:
+    import types
+
+    from .bypass.sources import is_library_file
+
+    inner = getattr(fn, "__wrapped__", fn)
+    code = getattr(inner, "__code__", None)
+    if not isinstance(fn, types.FunctionType) or not isinstance(code, types.CodeType):
+        return None
+    if is_library_file(code.co_filename) and not code.co_filename.startswith("<"):
+        return None
+    name = qualified_name(fn)
+    return {"name": name, "kind": "function", "module": getattr(fn, "__module__", None),
+            "qualname": getattr(fn, "__qualname__", None), "digest": digest(function_description(fn))}
+
+
+def function_description(fn: Any) -> Any:
+    """A called function by its code, bound values and the globals its code reads
+    (Dynamo guards none of it: it never looks inside an ``allow_in_graph`` helper)."""
+    import types
+
+    from .fingerprint import describe_callable, describe_value
+
+    code = fn.__code__
+    names: set[str] = set()
+    stack = [code]
+    while stack:
+        c = stack.pop()
+        names.update(c.co_names)
+        stack.extend(k for k in c.co_consts if isinstance(k, types.CodeType))
+    scope = getattr(fn, "__globals__", {})
+    read = {n: describe_value(scope[n]) for n in sorted(names) if n in scope and not n.startswith("__")}
+    return {"callable": describe_callable(fn), "globals": read}
+
+
+def _overload(target: Any) -> Any:
+    import torch
+
+    if isinstance(target, torch._ops.OpOverloadPacket):
+        names = target.overloads()
+        return getattr(target, "default" if "default" in names else names[0]) if names else None
+    return target
+
+
+def _describe_op(target: Any, node: Any) -> dict[str, Any] | None:
+    import torch
+
+    op = _overload(target)
+    if op is None or op.namespace in _TORCH_OP_NAMESPACES:
+        return None
+    if not torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "CompositeImplicitAutograd"):
+        return None  # an opaque kernel: the compiled graph calls it at run time (the live one)
+    args = [_meta_arg(a) for a in node.args]
+    kwargs = {k: _meta_arg(v) for k, v in node.kwargs.items()}
+    return {"name": f"op:{op}", "kind": "op", "op": op.name(), "overload": op._overloadname, "args": args, "kwargs": kwargs,
+            "digest": _decomposition_digest(op, args, kwargs)}
+
+
+def _meta_arg(value: Any) -> Any:
+    """A node argument as data a meta tensor can be rebuilt from (sizes: their hints)."""
+    import torch
+    import torch.fx
+
+    if isinstance(value, torch.fx.Node):
+        value = value.meta.get("example_value", value.meta.get("val"))
+        if isinstance(value, torch.Tensor):
+            return {"meta_tensor": [str(value.dtype).replace("torch.", ""), [_hint(d) for d in value.shape],
+                                    [_hint(s) for s in value.stride()]]}
+        if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            return _hint(value)
+        return {"unknown": type(value).__qualname__}
+    if isinstance(value, (list, tuple)):
+        return [_meta_arg(v) for v in value]
+    if isinstance(value, (bool, int, float, str, type(None))):
+        return value
+    return {"repr": _describe_value(value)}
+
+
+def _hint(d: Any) -> Any:
+    if isinstance(d, (int, float, bool)):
+        return d
+    node = getattr(d, "node", None)
+    hint = getattr(node, "hint", None)
+    return hint if hint is not None else str(d)
+
+
+def _decomposition_digest(op: Any, args: list[Any], kwargs: dict[str, Any]) -> str:
+    """Digest of the operations ``op``'s CompositeImplicitAutograd kernel runs on meta
+    tensors shaped like its inputs (what a compiler that traces through it compiles)."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    calls: list[Any] = []
+
+    class _Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            calls.append([str(func), _describe_value([a for a in args if not isinstance(a, torch.Tensor)]),
+                          _describe_value({k: v for k, v in (kwargs or {}).items() if not isinstance(v, torch.Tensor)})])
+            return func(*args, **(kwargs or {}))
+
+    def build(value: Any) -> Any:
+        if isinstance(value, dict) and "meta_tensor" in value:
+            dtype, shape, stride = value["meta_tensor"]
+            if not all(isinstance(d, int) for d in shape + stride):
+                raise ValueError("symbolic size without a hint")
+            return torch.empty_strided(shape, stride, dtype=getattr(torch, dtype), device="meta")
+        if isinstance(value, list):
+            return [build(v) for v in value]
+        if isinstance(value, dict):
+            raise ValueError(f"argument {value} cannot be rebuilt")
+        return value
+
+    try:
+        real_args = [build(a) for a in args]
+        real_kwargs = {k: build(v) for k, v in kwargs.items()}
+        with _Record():
+            op.decompose(*real_args, **real_kwargs)
+        return digest(calls)
+    except Exception as exc:  # noqa: BLE001 - described as undescribable: the key still changes with its name
+        return digest({"undescribable": f"{type(exc).__name__}: {exc}"})
+
+
+def stale_call_targets(recorded: dict[str, dict[str, Any]] | None) -> list[str]:
+    """The recorded call targets (:func:`call_target_factors`) that compute something
+    else in this process (empty: all the same)."""
+    stale = []
+    for name, item in (recorded or {}).items():
+        now: str | None = None
+        try:
+            if item.get("kind") == "function":
+                import importlib
+
+                obj: Any = importlib.import_module(item["module"])
+                for part in str(item["qualname"]).split("."):
+                    obj = getattr(obj, part)
+                now = digest(function_description(obj))
+            elif item.get("kind") == "op":
+                import torch
+
+                ns, opname = item["op"].split("::", 1)
+                op = getattr(getattr(getattr(torch.ops, ns), opname), item.get("overload") or "default")
+                now = _decomposition_digest(op, item.get("args", []), item.get("kwargs", {}))
+        except Exception as exc:  # noqa: BLE001 - it is gone: as stale as an edit
+            stale.append(f"{name} can no longer be found ({type(exc).__name__}: {exc})")
+            continue
+        if now != item.get("digest"):
+            stale.append(f"{name} (called by the graph) was edited")
+    return stale
 
 
 def tensor_digest(t: Any) -> str:
@@ -324,6 +515,9 @@ def compute_key(
     graph = graph_factors(gm)
     factors["graph"] = digest(graph)
     factors["inputs"] = input_factors(gm, example_inputs)
+    targets = call_target_factors(gm)
+    if targets:  # also readable beside the graph digest: the bypass loader re-checks them
+        factors["call_targets"] = targets
     tensors = module_tensor_factors(gm, graph)
     if tensors:
         factors["module_tensors"] = tensors

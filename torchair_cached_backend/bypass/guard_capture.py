@@ -32,7 +32,8 @@ import torch
 
 from .. import code_codec
 from .guard_codegen import LOCAL_RE, Unsupported, self_test, signature_params, source_module
-from .guard_runtime import CHECKS_FORMAT, HELPERS, short
+from .guard_runtime import CHECKS_FORMAT, HELPERS, function_modes, short, unwrap_attribute
+from .process_state import process_state_reads
 
 #: guard types that read process-global state, not a source
 _STATE_GUARDS = {
@@ -112,6 +113,10 @@ class _Builder:
         self.uses_cells = False
         self.fingerprints: set[str] = set()  # code checked by a guard (no lookup by name needed)
         self.tensor_attrs: tuple[str, ...] = ()
+        #: source names of attributes the frame assigns (``L['self'].k``): read per call
+        self.mutated: tuple[str, ...] = ()
+        #: (class const or source expression, attribute name) already checked for what it resolves to
+        self._resolved_seen: set[tuple[str, str]] = set()
 
     # -- constants ------------------------------------------------------
     def const(self, value: Any) -> str:
@@ -176,10 +181,14 @@ class _Builder:
                     raise Unsupported(f"guard on frame local {local!r} that is not an argument")
             elif type(root).__name__ in ("GlobalSource", "GlobalWeakRefSource", "ImportSource"):
                 roots.append("global")
+            elif type(root).__name__ == "TorchFunctionModeStackSource":
+                roots.append("arg")  # `with torch.device(...)` around a call changes it
             else:
                 raise Unsupported(f"guard on {type(root).__name__} {name!r}")
         if "arg" in roots:
             return "call"
+        if any(name == m or name.startswith((m + ".", m + "[")) for m in self.mutated):
+            return "call"  # the frame itself assigns it (a growing KV-cache attribute): it changes between calls
         if kind in ("CONSTANT_MATCH", "BOOL_MATCH", "EQUALS_MATCH") and name.endswith(".training"):
             return "call"  # model.train()/eval() between calls must select another variant
         return "load"
@@ -326,6 +335,71 @@ class _Builder:
             parts.append(f"getattr({name}, {attr!r}, None) == {ref}")
         return "(" + " and ".join(parts) + ")"
 
+    def resolved_methods(self, objects: list[tuple[Any, Any]], traced: set[int]) -> None:
+        """What ``obj.method(...)`` resolved to, for every traced method of a guarded object.
+
+        Dynamo guards the resolved function; the traced-code check finds code where it was
+        defined, which still exists unchanged when a method is monkeypatched onto the class,
+        a base class is switched or a subclass adds an override. So for each guarded object
+        (or class) and each attribute name whose definition along ``type(obj).__mro__`` is a
+        function Dynamo traced, the resolved function is checked by its code and bound values
+        (defaults, closure: a dataclass ``__init__``'s field defaults), which also covers
+        generated code (``<string>``, an fx GraphModule's ``<eval_with_key>`` forward).
+        """
+        memo: dict[type, list[tuple[str, types.FunctionType]]] = {}
+        for guard, value in objects:
+            if guard.create_fn_name() not in ("TYPE_MATCH", "NN_MODULE", "ID_MATCH", "CLASS_MATCH"):
+                continue
+            is_class = isinstance(value, type)
+            cls = value if is_class else type(value)
+            if cls.__module__ == "builtins" or not hasattr(cls, "__mro__"):
+                continue
+            names = memo.get(cls)
+            if names is None:
+                names = memo[cls] = _traced_attributes(cls, traced)
+            if not names:
+                continue
+            how, ref = self.class_ref(cls)
+            e = self.ref(guard.name)
+            if how == "is":  # the class itself is checked by identity: resolve on it, once per class
+                owner, scope, label = ref, "load", f"{cls.__qualname__}"
+            else:
+                owner = e if is_class else f"type({e})"
+                scope, label = self.scope_of(guard.name, [guard.originating_source], "TYPE_MATCH"), friendly(guard.name)
+            for name, fn in names:
+                if (owner, name) in self._resolved_seen:
+                    continue
+                self._resolved_seen.add((owner, name))
+                digest = HELPERS["___fn_digest"](fn)
+                self.fingerprints.add(code_codec.code_fingerprint(fn.__code__))
+                where = getattr(fn, "__qualname__", name)
+                self.add(f"(___fn_digest(___resolved({owner}, {name!r})) == {digest!r})", scope,
+                         f"{label}.{name} resolves to {where} (its code and defaults)", "RESOLVED_METHOD")
+                self.guards[-1]["edited"] = True
+
+    def process_state(self, codes: list[types.CodeType], values: list[Any]) -> None:
+        """Checks on process state the traced code read and Dynamo folded in unguarded."""
+        reads = process_state_reads(codes, values)
+        if reads.env_unnamed:
+            raise Unsupported("the traced code reads an environment variable whose name is not a constant")
+        if reads.dist:
+            now = HELPERS["___dist"]()
+            self.add(f"(___dist() == {now!r})", "load", f"process group (initialized, rank, world size) == {now}",
+                     "PROCESS_STATE", "___dist()", now)
+        names = sorted(reads.env)
+        if reads.hash_str:
+            from .process_state import fixed_hash_seed
+
+            if fixed_hash_seed() is None:
+                raise Unsupported("the traced code calls hash(), randomized per process for a str (Dynamo folds "
+                                  "its value in); set PYTHONHASHSEED to an integer to replay it")
+            names = sorted(set(names) | {"PYTHONHASHSEED"})
+        if names:
+            values = HELPERS["___env"](tuple(names))
+            self.add(f"(___env({tuple(names)!r}) == {values!r})", "load",
+                     f"environment {dict(zip(names, values, strict=True))}", "PROCESS_STATE",
+                     f"___env({tuple(names)!r})", values)
+
     def shape(self, expr: str) -> None:
         local_roots = {m.group(2) for m in LOCAL_RE.finditer(expr)}
         unknown = local_roots - self.params - set(self.freevars)
@@ -336,8 +410,9 @@ class _Builder:
         scope = "load" if only_receiver or not local_roots else "call"
         self.add(f"({self.ref(expr)})", scope, friendly(expr), "SHAPE_ENV")
 
-    def state(self) -> dict[str, Any]:
-        """The process-global state the frame was traced under, as per-call and load checks."""
+    def state(self, modes: tuple[Any, ...]) -> dict[str, Any]:
+        """The process-global state the frame was traced under, as per-call and load checks
+        (``modes``: the torch function mode stack as Dynamo saw it)."""
         grad = torch.is_grad_enabled()
         self.add(f"(___grad() is {grad})", "call", f"grad mode == {grad}", "GRAD_MODE", "___grad()", grad)
         enabled = {}
@@ -358,11 +433,55 @@ class _Builder:
         det = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
         self.add(f"(___deterministic() == {det!r})", "load", f"deterministic algorithms == {det}", "DETERMINISTIC_ALGORITHMS",
                  "___deterministic()", det)
-        if torch._C._len_torch_function_stack():
-            raise Unsupported("a torch function mode (e.g. `with torch.device(...)`) was active at capture")
-        self.add("(torch._C._len_torch_function_stack() == 0)", "load", "no torch function mode is active",
-                 "TORCH_FUNCTION_STATE")
+        if not modes:
+            self.add("(torch._C._len_torch_function_stack() == 0)", "call", "no torch function mode is active",
+                     "TORCH_FUNCTION_STATE", "___tf_modes()", modes)
+        else:  # e.g. torch.set_default_device(...): a DeviceContext mode whose device the graph holds
+            self.add(f"(___tf_modes() == {self.value_ref(modes)})", "call", f"torch function modes == {modes}",
+                     "TORCH_FUNCTION_STATE", "___tf_modes()", modes)
         return {"grad_enabled": grad, "autocast": {k: str(v) for k, v in enabled.items()}, "default_dtype": str(dflt)}
+
+
+def _traced_attributes(cls: type, traced: set[int]) -> list[tuple[str, types.FunctionType]]:
+    """(name, resolved function) for the attributes of ``cls`` whose resolved
+    definition (or a function it wraps) is code Dynamo traced."""
+    out = []
+    seen: set[str] = set()
+    for klass in cls.__mro__:
+        for name, raw in list(vars(klass).items()):
+            if name in seen:
+                continue
+            seen.add(name)
+            fn = unwrap_attribute(raw)
+            if not isinstance(fn, types.FunctionType):
+                continue
+            inner, depth = fn, 0
+            while depth < 8:
+                if id(inner.__code__) in traced:
+                    out.append((name, fn))
+                    break
+                inner = getattr(inner, "__wrapped__", None)
+                if not isinstance(inner, types.FunctionType):
+                    break
+                depth += 1
+    return out
+
+
+def _mutated_sources(output: Any) -> tuple[str, ...]:
+    """Source names (``L['self'].k``) of the attributes this frame assigns."""
+    side_effects = getattr(output, "side_effects", None)
+    mutations = getattr(side_effects, "store_attr_mutations", None) or {}
+    out = []
+    for var, attrs in list(mutations.items()):
+        try:  # an object the frame creates itself has no source a guard could name
+            name = getattr(getattr(var, "source", None), "name", None)
+            if callable(name):
+                name = name()
+        except Exception:
+            continue
+        if isinstance(name, str):
+            out.extend(f"{name}.{attr}" for attr in attrs)
+    return tuple(out)
 
 
 def _static(d: Any) -> bool:
@@ -449,8 +568,15 @@ def capture_frame_guards(
     global_scope.update(renamed_values)
     eval_ns = dict(HELPERS)
     eval_ns["___G"] = global_scope
+    # Dynamo pops the torch function modes while it compiles: read them as it saw them
+    modes = list(getattr(output, "torch_function_mode_stack", None) or [])
+    capture_ns = {"___get_torch_function_mode_stack_at": modes.__getitem__, "___tf_modes": lambda: function_modes(modes)}
+    eval_ns.update(capture_ns)
+    traced = [c for c in getattr(output, "traced_code", None) or () if isinstance(c, types.CodeType)] + [code]
     try:
         fakes = _fake_tensors(output)
+        builder.mutated = _mutated_sources(output)
+        objects: list[tuple[Any, Any]] = []
         for guard in sorted(output.guards or (), key=lambda g: g.sort_key()):
             kind = guard.create_fn_name()
             if kind in _STATE_GUARDS or kind == "SHAPE_ENV":
@@ -465,9 +591,12 @@ def capture_frame_guards(
                 else:
                     raise Unsupported(f"cannot read {friendly(guard.name)} ({type(exc).__name__}: {exc})") from exc
             builder.guard(guard, value, fakes)
+            objects.append((guard, value))
+        builder.resolved_methods(objects, {id(c) for c in traced})
+        builder.process_state(traced, [value for _, value in objects])
         for expr in _shape_guard_exprs(output):
             builder.shape(expr)
-        result.state = builder.state()
+        result.state = builder.state(function_modes(modes))
         _distinct_tensor_args(builder, local_scope)
         call_params, defs = signature_params(code, with_cells=False)
         source = source_module(builder, call_params, defs)
@@ -476,7 +605,7 @@ def capture_frame_guards(
             source = source_module(builder, call_params, defs)
         result.digest = hashlib.sha256(source.encode()).hexdigest()
         compiled = compile(source, f"<npu_cached guards {code.co_name}>", "exec")
-        self_test(compiled, builder, code, local_scope, global_scope, receiver)
+        self_test(compiled, builder, code, local_scope, global_scope, receiver, capture_ns)
         result.blob = code_codec.dumps_code(compiled)
     except (Unsupported, code_codec.CodecError) as exc:
         result.unsupported = str(exc)

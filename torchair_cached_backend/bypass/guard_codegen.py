@@ -13,13 +13,24 @@ from __future__ import annotations
 
 import re
 import types
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from .. import code_codec
 from .guard_runtime import CHECKS_FORMAT, HELPERS, decode_const, receiver_value
 
-if TYPE_CHECKING:
-    from .guard_capture import _Builder
+
+class GuardTable(Protocol):
+    """What code generation reads of a frame's collected guards (``guard_capture`` fills
+    it); a protocol here, so this module never imports the capture side."""
+
+    guards: list[dict[str, Any]]
+    consts: list[Any]
+    receiver: str | None
+    resume: bool
+    params: set[str]
+    freevars: list[str]
+    uses_cells: bool
+
 
 LOCAL_RE = re.compile(r"(?<![\w\]'\"])L\[(['\"])([A-Za-z_][A-Za-z0-9_]*)\1\]")
 
@@ -55,7 +66,7 @@ def signature_params(code: types.CodeType, with_cells: bool) -> tuple[str, list[
     return ", ".join(parts), bound
 
 
-def source_module(builder: _Builder, call_params: str, defs: list[str]) -> str:
+def source_module(builder: GuardTable, call_params: str, defs: list[str]) -> str:
     lines = [f"# npu_cached guard checks, format {CHECKS_FORMAT}"]
     call = [g["expr"] for g in builder.guards if g["scope"] == "call"]
     everything = [g["expr"] for g in builder.guards]
@@ -74,7 +85,7 @@ def source_module(builder: _Builder, call_params: str, defs: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def builder_param(builder: _Builder, expr: str) -> str:
+def builder_param(builder: GuardTable, expr: str) -> str:
     """L-form -> parameter form: ``L['x']`` is the parameter ``x``; a free variable
     is read from the closure cells the check is given."""
 
@@ -106,14 +117,17 @@ def call_args(code: types.CodeType, local: dict[str, Any]) -> tuple[list[Any], d
 
 def self_test(
     compiled: types.CodeType,
-    builder: _Builder,
+    builder: GuardTable,
     code: types.CodeType,
     local_scope: dict[str, Any],
     global_scope: dict[str, Any],
     receiver: str | None,
+    overrides: dict[str, Any] | None = None,
 ) -> None:
-    """Run the generated checks on the frame's own values: all must hold."""
+    """Run the generated checks on the frame's own values: all must hold (``overrides``:
+    helpers that read, at capture, the state as Dynamo saw it)."""
     namespace = dict(HELPERS)
+    namespace.update(overrides or {})
     namespace["___G"] = global_scope
     namespace["___cells"] = tuple(types.CellType(local_scope.get(n)) for n in builder.freevars)
     namespace["___recv"] = receiver_value(receiver, local_scope)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import collections
 import importlib
 import math
+import os
 import types
 from collections.abc import Callable
 from typing import Any
@@ -23,7 +24,7 @@ import torch
 from .. import code_codec
 
 #: bumped when the generated check module's contract changes
-CHECKS_FORMAT = 1
+CHECKS_FORMAT = 2
 
 
 def _odict_getitem(d: Any, key: Any) -> Any:
@@ -86,6 +87,95 @@ def _fn_fp(fn: Any) -> str:
     return _code_fp(code)
 
 
+def _resolved(cls: Any, name: str) -> Any:
+    """What ``obj.name`` calls for an instance of ``cls`` (or ``cls.name``): the first
+    definition along ``cls.__mro__``, unwrapped to its function (static/class methods,
+    properties); None when no class defines it."""
+    for klass in cls.__mro__:
+        raw = klass.__dict__.get(name, _MISSING)
+        if raw is _MISSING:
+            continue
+        return unwrap_attribute(raw)
+    return None
+
+
+_MISSING = object()
+
+
+def unwrap_attribute(raw: Any) -> Any:
+    if isinstance(raw, (staticmethod, classmethod)):
+        return raw.__func__
+    if isinstance(raw, property):
+        return raw.fget
+    func = getattr(raw, "func", None)  # functools.cached_property
+    if type(raw).__name__ == "cached_property" and func is not None:
+        return func
+    return raw
+
+
+def _fn_digest(fn: Any) -> str:
+    """A function by what it runs *and* the values bound to it: its code's fingerprint
+    plus its defaults and closure contents (a dataclass ``__init__`` is generated code
+    whose field defaults are its ``__defaults__``)."""
+    code = getattr(fn, "__code__", None)
+    if not isinstance(code, types.CodeType):
+        return f"<not a Python function: {type(fn).__qualname__}>"
+    fp = _code_fp(code)
+    if not (fn.__defaults__ or fn.__kwdefaults__ or fn.__closure__):
+        return fp
+    import hashlib
+    import json
+
+    from ..fingerprint import describe_value
+
+    cells = []
+    for cell in fn.__closure__ or ():
+        try:
+            cells.append(describe_value(cell.cell_contents))
+        except ValueError:  # an empty cell
+            cells.append("<empty>")
+    bound = [describe_value(fn.__defaults__), describe_value(fn.__kwdefaults__), cells]
+    return fp + ":" + hashlib.sha256(json.dumps(bound, sort_keys=True, default=str).encode()).hexdigest()[:32]
+
+
+def _dist_state() -> tuple[Any, ...]:
+    """(initialized, rank, world size) of the default process group: values Dynamo folds
+    into a graph as constants when forward calls ``dist.get_rank()`` and friends."""
+    dist = torch.distributed
+    if not dist.is_available() or not dist.is_initialized():
+        return (False, -1, -1)
+    return (True, dist.get_rank(), dist.get_world_size())
+
+
+def _env(names: tuple[str, ...]) -> tuple[Any, ...]:
+    """The environment variables ``names`` (None when unset): a forward that reads one
+    has its value folded into the graph."""
+    environ = os.environ
+    return tuple(environ.get(n) for n in names)
+
+
+def _from_numpy(value: Any) -> Any:
+    """Dynamo's ``___from_numpy``: the tensor view of a numpy array or scalar."""
+    return torch.as_tensor(value)
+
+
+def function_modes(stack: list[Any] | None = None) -> tuple[Any, ...]:
+    """The torch function mode stack (``stack``: as Dynamo saw it while tracing, when it
+    has popped it), portably: each mode's class by path, and for
+    ``torch.set_default_device``'s DeviceContext its device (Dynamo folds it in)."""
+    if stack is None:
+        n = torch._C._len_torch_function_stack()
+        if not n:
+            return ()
+        stack = [torch._C._get_function_stack_at(i) for i in range(n)]
+    out = []
+    for mode in stack:
+        cls = type(mode)
+        device = getattr(mode, "device", None)
+        out.append((f"{cls.__module__}.{cls.__qualname__}", None if device is None else str(device)))
+    return tuple(out)
+
+
 def _autocast(device_type: str) -> tuple[bool, Any]:
     if not torch.is_autocast_enabled(device_type):
         return (False, None)
@@ -120,6 +210,13 @@ HELPERS: dict[str, Any] = {
     "___eq": _eq,
     "___code_fp": _code_fp,
     "___fn_fp": _fn_fp,
+    "___fn_digest": _fn_digest,
+    "___resolved": _resolved,
+    "___dist": _dist_state,
+    "___env": _env,
+    "___from_numpy": _from_numpy,
+    "___tf_modes": function_modes,
+    "___get_torch_function_mode_stack_at": lambda i: torch._C._get_function_stack_at(i),
     "___grad": torch.is_grad_enabled,
     "___any_autocast": torch._C._is_any_autocast_enabled,
     "___autocast": _autocast,

@@ -242,7 +242,7 @@ class _ReplayBuilder:
             kwdefaults["___cells"] = self.func.__closure__ or ()
         if not resume:
             checks.set_defaults(self.func.__defaults__, kwdefaults)
-        if fixed:
+        if fixed and self.options.guards != "call":  # "call" checks them all per call, against the state then
             local = receiver_locals(receiver, self.bound_self) if bound else {}
             if not resume and self.func.__closure__:
                 for name, cell in zip(self.func.__code__.co_freevars, self.func.__closure__, strict=False):
@@ -336,6 +336,7 @@ class _ReplayBuilder:
             return  # load_graph reports the miss
         stored = manifest.get("factors") or {}
         diffs = keys.explain_difference({k: stored.get(k) for k in expected}, expected)
+        diffs += keys.stale_call_targets(stored.get("call_targets"))  # functions/ops the graph calls by name
         if diffs:
             raise _Rejected(f"graph {key[:12]} was compiled under other settings ({'; '.join(diffs[:3])})")
 
