@@ -112,7 +112,7 @@ def build_replay(
     module = bound_self if isinstance(bound_self, torch.nn.Module) and func is type(bound_self).forward else None
     if module is not None and not isinstance(target, torch.nn.Module):
         module = None
-    replay = ReplayedFunction(variants, bound_self, name, fallback, module)
+    replay = ReplayedFunction(variants, bound_self, name, fallback, module, original=func)
     dt = time.perf_counter() - t0
     record(bypass_loads=1, load_seconds=dt)
     log.info("npu_cached bypass load %s (%s, %d of %d variant(s)) in %.3fs", name, compiler_name,
@@ -121,13 +121,20 @@ def build_replay(
 
 
 def _torch_compile_fallback(target: Any, options: BackendOptions) -> Callable[[], Callable[..., Any]]:
+    """``torch.compile`` of what a replay stands for. For a module that is its
+    ``forward`` (bound): the replay runs the module's hooks itself, and a replay
+    installed as ``model.forward`` must not call back into ``model.__call__``."""
+
     def make() -> Callable[..., Any]:
         import torch
 
         from ..backend import make_backend
 
         kwargs = {k: v for k, v in options.as_dict().items() if v is not None}
-        return torch.compile(target, backend=make_backend(**kwargs), dynamic=options.dynamic)
+        compiled = target
+        if isinstance(target, torch.nn.Module):
+            compiled = types.MethodType(type(target).forward, target)
+        return torch.compile(compiled, backend=make_backend(**kwargs), dynamic=options.dynamic)
 
     return make
 
@@ -366,7 +373,21 @@ def load(
             raise
         record_fallback(_reason_kind(str(miss)))
         log.info("npu_cached: %s; compiling instead", miss)
-    return _torch_compile_fallback(target, opts)()
+        return _compiling_stand_in(target, opts, str(miss))
+
+
+def _compiling_stand_in(target: Any, options: BackendOptions, why: str) -> Callable[..., Any]:
+    """What ``load()`` returns on a miss: a replay without variants, so every call is
+    compiled by Dynamo (caching as it goes) and module hooks run as for a replay
+    (also once it is installed as ``model.forward``; an ``OptimizedModule`` assigned
+    there would become a submodule, never called)."""
+    import torch
+
+    func, bound_self = resolve_target(target)
+    module = target if isinstance(target, torch.nn.Module) else None
+    name = getattr(func, "__qualname__", None) or func.__name__
+    return ReplayedFunction([], bound_self, name, _torch_compile_fallback(target, options), module,
+                            original=func, miss=why)
 
 
 def _reason_kind(message: str) -> str:

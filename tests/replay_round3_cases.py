@@ -1,0 +1,76 @@
+"""Cases of issue 17's "never replays" list (and the hook defects), run by
+tests/test_replay_round3.py: each ``case_*`` is called in a cold process, then in a
+fresh warm one (then a second warm one), with its own cache dir, and returns what
+the test asserts. Cold compiles with ``torch.compile(..., backend="npu_cached")``
+(or ``cache_compile``); warm loads with ``tcb.load`` (or ``cache_compile``). The
+eager inner compiler keeps it fast.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+import torchair_cached_backend as tcb
+
+OPTS = {"compiler": "eager"}
+
+
+def serve(target, phase: str, cache_dir: str, dynamic=None):
+    """cold: torch.compile(npu_cached); warm: tcb.load (compiles on a miss)."""
+    if phase == "cold":
+        return torch.compile(target, backend="npu_cached", dynamic=dynamic, options=dict(OPTS, cache_dir=cache_dir))
+    return tcb.load(target, cache_dir, **OPTS)
+
+
+def close(a, b) -> bool:
+    return isinstance(a, torch.Tensor) and a.shape == b.shape and bool(torch.allclose(a, b, atol=1e-5))
+
+
+class TwoLinear(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.a = nn.Linear(4, 4)
+        self.b = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.b(self.a(x).relu())
+
+
+# -- 1. hooks ------------------------------------------------------------------------------
+
+
+def case_global_hook(phase: str, d: str) -> dict:
+    """A global forward hook registered before load() runs around the submodules too."""
+    m, x = TwoLinear().eval(), torch.randn(2, 4)
+    calls: list[str] = []
+    if phase == "cold":
+        return {"ok": close(serve(m, phase, d)(x), m(x))}
+    handle = nn.modules.module.register_module_forward_hook(
+        lambda mod, args, out: (calls.append(type(mod).__name__), out * 2.0)[1])
+    try:
+        expected, eager_calls = m(x), list(calls)
+        calls.clear()
+        f = serve(m, phase, d)
+        got = f(x)
+        return {"ok": close(got, expected), "calls": calls, "eager_calls": eager_calls}
+    finally:
+        handle.remove()
+
+
+def case_forward_assigned(phase: str, d: str) -> dict:
+    """``model.forward = tcb.load(model, dir)`` with a forward hook: the hook runs once
+    per call, and every call replays (or compiles), never plain eager."""
+    m, x = TwoLinear().eval(), torch.randn(2, 4)
+    calls: list[int] = []
+    m.register_forward_hook(lambda mod, args, out: (calls.append(1), out + 1.0)[1])
+    expected = m(x)
+    calls.clear()
+    if phase == "cold":
+        m.forward = tcb.load(m, d, **OPTS)  # a miss: compiles (and caches) through the stand-in
+    else:
+        m.forward = tcb.load(m, d, **OPTS)
+    outs = [m(x), m(x)]
+    return {"ok": all(close(o, expected) for o in outs), "hook_calls": len(calls),
+            "installed": "forward" in m.__dict__}
