@@ -74,3 +74,25 @@ def case_forward_assigned(phase: str, d: str) -> dict:
     outs = [m(x), m(x)]
     return {"ok": all(close(o, expected) for o in outs), "hook_calls": len(calls),
             "installed": "forward" in m.__dict__}
+
+
+# -- 10. transformers' compile path ---------------------------------------------------------
+
+
+def case_generate(phase: str, d: str) -> dict:
+    """``model.generate(..., compile_config=CompileConfig(backend="npu_cached"))`` with a
+    StaticCache cold; warm, what transformers compiles (``model.__call__``) is loaded."""
+    import hf_tiny
+    from transformers import CompileConfig
+
+    model, _ = hf_tiny.build("llama")
+    ids = hf_tiny.prompt(5)
+    common = dict(max_new_tokens=4, do_sample=False, cache_implementation="static")
+    expected = model.generate(ids, disable_compile=True, **common)
+    config = CompileConfig(backend="npu_cached", mode=None, options=dict(OPTS, cache_dir=d))
+    config._compile_all_devices = True  # transformers compiles on cuda/xpu/... only unless told so
+    if phase != "cold":
+        replay = tcb.load(model.__call__, d, **OPTS)
+        model.get_compiled_call = lambda compile_config: replay
+    got = model.generate(ids, compile_config=config, **common)
+    return {"ok": got.tolist() == expected.tolist()}

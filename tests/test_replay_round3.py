@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-CASES = ("global_hook", "forward_assigned")
+CASES = ("global_hook", "forward_assigned", "generate")
 
 CHILD = """
 import os, sys, traceback
@@ -88,3 +88,41 @@ def test_forward_assigned_with_a_hook_runs_it_once_and_replays(outcome):
     assert cold["frames"] >= 1 and cold["stats"]["misses"] >= 1, "cold must compile through the stand-in"
     _replayed(warm)
     _replayed(warm2)
+
+
+def test_transformers_generate_compile_config_replays(outcome):
+    cold, warm, warm2 = _cases(outcome, "generate")
+    assert cold["frames"] >= 1 and cold["stats"]["misses"] >= 1, _why(cold)
+    _replayed(warm)
+    _replayed(warm2)
+
+
+@pytest.mark.parametrize("mode", ["reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs", "default", None])
+def test_npu_cached_accepts_torch_compile_modes(tmp_path, mode, caplog):
+    """transformers' CompileConfig passes mode="reduce-overhead": never an error; without
+    graph capture in the inner compiler it compiles as default, saying so once."""
+    import torch
+
+    from torchair_cached_backend.backend import npu_cached
+
+    def f(x):
+        return (x * 2.0).sin() + 1.0
+
+    x = torch.randn(8)
+    with caplog.at_level("INFO", logger="torchair_cached_backend"):
+        graph = npu_cached(torch.fx.symbolic_trace(f), [x], options={"compiler": "eager", "cache_dir": str(tmp_path)},
+                           mode=mode)
+    assert torch.allclose(graph(x), f(x))
+    if mode not in (None, "default"):
+        assert any("compiled as with the default mode" in r.getMessage() for r in caplog.records), caplog.text
+
+
+def test_npu_cached_rejects_an_unknown_mode(tmp_path):
+    import torch
+
+    from torchair_cached_backend.backend import npu_cached
+    from torchair_cached_backend.options import OptionError
+
+    with pytest.raises(OptionError, match="valid modes"):
+        npu_cached(torch.fx.symbolic_trace(lambda x: x + 1), [torch.randn(2)], options={"cache_dir": str(tmp_path)},
+                   mode="turbo")

@@ -45,6 +45,18 @@ class _Rejected(Exception):
     """One variant cannot be replayed here; the message says why."""
 
 
+def module_call_target(target: Any) -> Any:
+    """``model.__call__`` (what transformers' ``get_compiled_call`` compiles) stands for
+    the module itself: Dynamo skips ``nn.Module.__call__`` and files the frame under
+    the module's ``forward``; the replay runs the hooks as ``__call__`` does."""
+    import torch
+
+    if isinstance(target, types.MethodType) and isinstance(target.__self__, torch.nn.Module):
+        if target.__func__ in (torch.nn.Module.__call__, torch.nn.Module._call_impl):
+            return target.__self__
+    return target
+
+
 def resolve_target(target: Any) -> tuple[types.FunctionType, Any]:
     """(plain function, bound receiver or None) for a module, bound method (incl.
     classmethods: the receiver is the class) or function."""
@@ -72,6 +84,7 @@ def build_replay(
 ) -> ReplayedFunction:
     """Rebuild ``target`` from the cache or raise :class:`CacheMiss` saying why."""
     t0 = time.perf_counter()
+    target = module_call_target(target)
     func, bound_self = resolve_target(target)
     code = func.__code__
     compiler_name = options.resolved_compiler()
@@ -366,6 +379,7 @@ def load(
     ``guards`` (option): ``"load"`` (default), ``"call"`` or ``"none"``.
     """
     opts = parse_options(dict(options, cache_dir=cache_dir, compiler=compiler, check_inputs=check_inputs))
+    target = module_call_target(target)
     try:
         return build_replay(target, opts)
     except CacheMiss as miss:
