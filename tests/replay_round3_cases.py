@@ -96,3 +96,42 @@ def case_generate(phase: str, d: str) -> dict:
         model.get_compiled_call = lambda compile_config: replay
     got = model.generate(ids, compile_config=config, **common)
     return {"ok": got.tolist() == expected.tolist()}
+
+
+# -- 7. more static buckets than the default variant bound ---------------------------------
+
+BUCKETS = 18  # > 16, the default ``max_variants``
+
+
+def bucket_fn(x):
+    return (x * 2.0).cos() + 1.0
+
+
+def _stored_variants(d: str) -> list[int]:
+    from torchair_cached_backend.bypass.program import program_store
+
+    store = program_store(d)
+    return [len(store.load(k).manifest["program"]["variants"]) for k in store.keys()]
+
+
+def _buckets(phase: str, d: str, sizes: list[int], options: dict) -> dict:
+    import torch._dynamo
+
+    torch._dynamo.config.recompile_limit = 64  # one frame per bucket (Dynamo's default stops at 8)
+    if phase == "cold":
+        f = torch.compile(bucket_fn, backend="npu_cached", dynamic=False, options=dict(OPTS, cache_dir=d, **options))
+    else:
+        f = tcb.load(bucket_fn, d, dynamic=False, **OPTS, **options)
+    xs = [torch.randn(b, 4) for b in sizes]
+    return {"ok": all(close(f(x), bucket_fn(x)) for x in xs), "stored": _stored_variants(d)}
+
+
+def case_buckets_default_bound(phase: str, d: str) -> dict:
+    """18 static buckets (> the default bound 16) served by every start."""
+    return _buckets(phase, d, list(range(1, BUCKETS + 1)), {})
+
+
+def case_buckets_max_variants(phase: str, d: str) -> dict:
+    """max_variants=2: a start serving buckets 4, 5 keeps those two and evicts the three
+    buckets an earlier start stored and this one did not use."""
+    return _buckets(phase, d, [1, 2, 3] if phase == "cold" else [4, 5], {"max_variants": 2})

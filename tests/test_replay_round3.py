@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-CASES = ("global_hook", "forward_assigned", "generate")
+CASES = ("global_hook", "forward_assigned", "generate", "buckets_default_bound", "buckets_max_variants")
 
 CHILD = """
 import os, sys, traceback
@@ -126,3 +126,30 @@ def test_npu_cached_rejects_an_unknown_mode(tmp_path):
     with pytest.raises(OptionError, match="valid modes"):
         npu_cached(torch.fx.symbolic_trace(lambda x: x + 1), [torch.randn(2)], options={"cache_dir": str(tmp_path)},
                    mode="turbo")
+
+
+def test_more_buckets_than_max_variants_settle(outcome):
+    """18 static buckets, default bound 16: a start never evicts what it compiled or
+    replayed, so every warm start replays all 18."""
+    cold, warm, warm2 = _cases(outcome, "buckets_default_bound")
+    assert cold["frames"] == 18 and cold["stored"] == [18], (cold["frames"], cold["stored"])
+    _replayed(warm)
+    _replayed(warm2)
+    assert warm2["stored"] == [18]
+
+
+def test_max_variants_option_bounds_the_program(outcome):
+    cold, warm, warm2 = _cases(outcome, "buckets_max_variants")
+    assert cold["frames"] == 3 and cold["stored"] == [3], cold
+    assert warm["frames"] == 2 and warm["stored"] == [2], _why(warm)  # buckets 1-3: not used here, evicted
+    _replayed(warm2)
+
+
+def test_max_variants_is_validated():
+    from torchair_cached_backend.options import OptionError, parse_options
+
+    assert parse_options({"max_variants": 64}).max_variants == 64
+    assert parse_options({}).max_variants == 16
+    for bad in (0, -1, True, "8"):
+        with pytest.raises(OptionError, match="max_variants"):
+            parse_options({"max_variants": bad})

@@ -10,6 +10,8 @@ COMPILERS = ("auto", "torchair", "inductor", "eager")
 GUARD_MODES = ("load", "call", "none")
 DEFAULT_CACHE_DIR = ".torchair_cache"
 CACHE_HOME_ENV = "TORCHAIR_CACHE_HOME"
+#: variants one replay program keeps (one per recompile: shapes, buckets, state); option ``max_variants``
+DEFAULT_MAX_VARIANTS = 16
 
 
 class OptionError(ValueError):
@@ -27,6 +29,7 @@ class BackendOptions:
     __slots__ = (
         "cache_dir", "compiler", "config", "ge_cache", "custom_decompositions", "global_rank",
         "tp_rank", "pp_rank", "check_inputs", "dynamic", "reject_rng", "guards", "max_size", "graph_dir",
+        "max_variants",
     )
 
     def __init__(
@@ -45,6 +48,7 @@ class BackendOptions:
         guards: str = "load",
         max_size: int | None = None,
         graph_dir: str | None = None,
+        max_variants: int = DEFAULT_MAX_VARIANTS,
     ) -> None:
         self.cache_dir = cache_dir
         self.compiler = compiler
@@ -60,6 +64,7 @@ class BackendOptions:
         self.guards = guards
         self.max_size = max_size
         self.graph_dir = graph_dir
+        self.max_variants = max_variants
 
     def as_dict(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self.__slots__}
@@ -167,6 +172,13 @@ def _check_graph_dir(value: Any) -> str | None:
     return os.path.abspath(os.fspath(value))
 
 
+def _check_max_variants(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise OptionError(f"npu_cached option 'max_variants' must be a positive int (variants kept per replayed "
+                          f"function, e.g. one per static batch-size bucket), got {value!r}")
+    return value
+
+
 _VALIDATORS = {
     "cache_dir": None,
     "compiler": None,
@@ -182,6 +194,7 @@ _VALIDATORS = {
     "guards": _check_guards,
     "max_size": _check_max_size,
     "graph_dir": _check_graph_dir,
+    "max_variants": _check_max_variants,
 }
 VALID_KEYS = tuple(_VALIDATORS)
 

@@ -32,7 +32,15 @@ from ..cached_graph import CachedGraph
 from ..logs import log
 from .guard_capture import capture_frame_guards, receiver_ref
 from .guard_runtime import receiver_value
-from .program import PROGRAM_FORMAT, function_identity, merge_programs, program_key, program_store, type_path
+from .program import (
+    PROGRAM_FORMAT,
+    function_identity,
+    merge_programs,
+    program_key,
+    program_store,
+    type_path,
+    used_roots,
+)
 from .sources import RESUME_PREFIX, describe_traced, stale_sources, tensor_state
 
 _installed = False
@@ -71,8 +79,10 @@ def ensure_installed() -> None:
 class ProgramBuilder:
     """Accumulates the frames and variants of one function's program in this process."""
 
-    def __init__(self, key: str, identity: dict[str, Any], cache_dir: str, compiler: str, fingerprint: str) -> None:
+    def __init__(self, key: str, identity: dict[str, Any], cache_dir: str, compiler: str, fingerprint: str,
+                 max_variants: int = 16) -> None:
         self.key = key
+        self.max_variants = max_variants
         self.identity = identity
         self.fingerprint = fingerprint  # of the function's own (original) code
         self.cache_dir = cache_dir
@@ -105,7 +115,8 @@ class ProgramBuilder:
                     return  # stored but unreadable now (a storage fault): never replace it with less
                 old = entry.manifest.get("program") if entry is not None else None
                 old_files = entry.files if entry is not None else {}
-                program, files = merge_programs(old, old_files, self.program(), self.files)
+                program, files = merge_programs(old, old_files, self.program(), self.files, self.max_variants,
+                                                 used_roots(self.cache_dir, self.key))
                 store.replace(self.key, files, {"versions": environment_factors(), "program": program})
         except Exception as exc:  # capture must never break the user's compile
             log.warning("npu_cached: could not save the replay program for %s: %s", self.identity["qualname"], exc)
@@ -204,7 +215,8 @@ def _record(code: types.CodeType, out_code: types.CodeType) -> None:
     key = program_key(identity, fingerprint, first.compiler, options)
     builder = _builders.get((options.cache_dir, key))
     if builder is None:
-        builder = ProgramBuilder(key, identity, options.cache_dir, first.compiler, fingerprint)
+        builder = ProgramBuilder(key, identity, options.cache_dir, first.compiler, fingerprint,
+                                 getattr(options, "max_variants", 16))
         _builders[(options.cache_dir, key)] = builder
     fid = _add_frame(builder, code, out_code, output, names, graphs, receiver, resume_of=None)
     if all(v["root"] != fid for v in builder.variants):

@@ -101,7 +101,7 @@ def build_replay(
     if options.guards == "none":
         warn_once("guards-none", "npu_cached: guards='none': warm starts replay without checking what Dynamo "
                   "specialized on (torchair's behaviour); a changed model or input is not detected")
-    builder = _ReplayBuilder(entry.files, program, options, func, bound_self)
+    builder = _ReplayBuilder(entry.files, program, options, func, bound_self, key)
     variants: list[Variant] = []
     rejected: list[str] = []
     for variant in reversed(program.get("variants", [])):  # newest first, as Dynamo's cache
@@ -117,7 +117,7 @@ def build_replay(
     for reason in dict.fromkeys(rejected):
         log.info("npu_cached: %s: a cached variant is not used here: %s", name, reason)
     if options.guards == "none" or not options.check_inputs:
-        variants = [Variant(always, variants[0].fn, None)]
+        variants = [Variant(always, variants[0].fn, None, variants[0].used)]
     if fallback is None:
         fallback = _torch_compile_fallback(target, options)
     import torch
@@ -186,10 +186,12 @@ class _ReplayBuilder:
     """Builds the variants of one program: checks, frame functions, graphs."""
 
     def __init__(
-        self, files: dict[str, bytes], program: dict[str, Any], options: BackendOptions, func: Any, bound_self: Any
+        self, files: dict[str, bytes], program: dict[str, Any], options: BackendOptions, func: Any, bound_self: Any,
+        key: str = "",
     ) -> None:
         from ..backend import graph_store
 
+        self.key = key
         self.files = files
         self.program = program
         self.frames: dict[str, Any] = program.get("frames", {})
@@ -220,9 +222,10 @@ class _ReplayBuilder:
         code = code_codec.loads_code(self.files[frame["code"]])
         fn = types.FunctionType(code, self.scope, code.co_name, self.func.__defaults__, self.func.__closure__)
         fn.__kwdefaults__ = self.func.__kwdefaults__
+        used = ((self.options.cache_dir, self.key), fid)
         if checks is None:
-            return Variant(always, fn, None)
-        return Variant(self._per_call(checks), fn, checks)
+            return Variant(always, fn, None, used)
+        return Variant(self._per_call(checks), fn, checks, used)
 
     def _fixed(self, checks: GuardChecks) -> bool:
         """Whether the frame's receiver is fixed for the replay's lifetime (or it has none):

@@ -16,20 +16,30 @@ from typing import Any
 from ..logs import log, warn_once
 from ..stats import record_fallback
 from .guard_runtime import GuardChecks
+from .program import note_used
 from .signature import InputSignatureError
 
 _MISSING = object()
 
 
 class Variant:
-    """One replayable root frame: its function and the check that selects it."""
+    """One replayable root frame: its function and the check that selects it.
+    ``used`` is (program, root frame id) until its first call, which notes it as
+    used by this process (so this process's merges never evict it), then None."""
 
-    __slots__ = ("check", "fn", "checks")
+    __slots__ = ("check", "fn", "checks", "used")
 
-    def __init__(self, check: Callable[..., bool], fn: Callable[..., Any], checks: GuardChecks | None) -> None:
+    def __init__(self, check: Callable[..., bool], fn: Callable[..., Any], checks: GuardChecks | None,
+                 used: tuple[tuple[str, str], str] | None = None) -> None:
         self.check = check
         self.fn = fn
         self.checks = checks
+        self.used = used
+
+    def note_used(self) -> None:
+        used, self.used = self.used, None
+        if used is not None:
+            note_used(*used)
 
 
 def always(*args: Any, **kwargs: Any) -> bool:
@@ -83,6 +93,8 @@ class ReplayedFunction:
             except Exception:
                 ok = None
             if ok:
+                if first.used is not None:
+                    first.note_used()
                 return first.fn(*prefix, *args, **kwargs)
         return self._dispatch(args, kwargs)
 
@@ -96,6 +108,8 @@ class ReplayedFunction:
             except Exception:  # a guard read something that is not there: not this variant
                 ok = False
             if ok:
+                if variant.used is not None:
+                    variant.note_used()
                 return variant.fn(*prefix, *args, **kwargs)
         return self._fall_back(args, kwargs)
 
