@@ -135,3 +135,22 @@ def case_buckets_max_variants(phase: str, d: str) -> dict:
     """max_variants=2: a start serving buckets 4, 5 keeps those two and evicts the three
     buckets an earlier start stored and this one did not use."""
     return _buckets(phase, d, [1, 2, 3] if phase == "cold" else [4, 5], {"max_variants": 2})
+
+
+# -- 3. a forward that starts with a print --------------------------------------------------
+
+
+class PrintsFirst(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x):
+        print("forward called")
+        return self.lin(x).relu()
+
+
+def case_print_first(phase: str, d: str) -> dict:
+    m, x = PrintsFirst().eval(), torch.randn(2, 4)
+    return {"ok": close(serve(m, phase, d)(x), m.lin(x).relu())}

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import pytest
 
-CASES = ("global_hook", "forward_assigned", "generate", "buckets_default_bound", "buckets_max_variants")
+CASES = ("global_hook", "forward_assigned", "generate", "buckets_default_bound", "buckets_max_variants",
+         "print_first")
 
 CHILD = """
 import os, sys, traceback
@@ -153,3 +154,12 @@ def test_max_variants_is_validated():
     for bad in (0, -1, True, "8"):
         with pytest.raises(OptionError, match="max_variants"):
             parse_options({"max_variants": bad})
+
+
+def test_forward_starting_with_a_print_replays(outcome):
+    """No graph before the first graph break: the root frame is recorded anyway (the
+    capture is installed when Dynamo loads the backend, before the first frame)."""
+    cold, warm, warm2 = _cases(outcome, "print_first")
+    assert cold["frames"] == 2, cold
+    _replayed(warm)
+    _replayed(warm2)

@@ -201,10 +201,18 @@ def _record(code: types.CodeType, out_code: types.CodeType) -> None:
                 group["frames"].append(fid)
             builder.publish()
         return
-    if not graphs or code.co_name.startswith(RESUME_PREFIX):
-        return  # nothing of ours, or a resume function nobody waits for
-    first = next(iter(graphs.values()))
-    options = first.options
+    if code.co_name.startswith(RESUME_PREFIX):
+        return  # a resume function nobody waits for
+    if graphs:
+        first = next(iter(graphs.values()))
+        options, compiler = first.options, first.compiler
+    elif any(n.startswith("__resume_at_") for n in names):
+        # no graph before the first graph break (a forward that starts with a print): ours if
+        # the frame was compiled by npu_cached; its resume functions hold the graphs
+        options = _backend_options(getattr(output, "compiler_fn", None))
+        compiler = options.resolved_compiler() if options is not None else None
+    else:
+        return  # nothing of ours
     if options is None:
         return
     local_scope = getattr(output, "local_scope", None) or {}
@@ -212,10 +220,10 @@ def _record(code: types.CodeType, out_code: types.CodeType) -> None:
     bound = receiver_value(receiver, local_scope)
     identity = function_identity(code, scope.get("__name__"), type_path(bound))
     fingerprint = code_codec.code_fingerprint(code)
-    key = program_key(identity, fingerprint, first.compiler, options)
+    key = program_key(identity, fingerprint, compiler, options)
     builder = _builders.get((options.cache_dir, key))
     if builder is None:
-        builder = ProgramBuilder(key, identity, options.cache_dir, first.compiler, fingerprint,
+        builder = ProgramBuilder(key, identity, options.cache_dir, compiler, fingerprint,
                                  getattr(options, "max_variants", 16))
         _builders[(options.cache_dir, key)] = builder
     fid = _add_frame(builder, code, out_code, output, names, graphs, receiver, resume_of=None)
@@ -224,6 +232,32 @@ def _record(code: types.CodeType, out_code: types.CodeType) -> None:
             {"root": fid, "tensor_state": tensor_state(bound), "created": round(time.time(), 3)}
         )
     builder.publish()
+
+
+def _backend_options(compiler_fn: Any) -> Any:
+    """The parsed options of the ``npu_cached`` backend behind Dynamo's compiler_fn
+    (its debug wrapper, ``torch.compile``'s kwargs wrapper, ``make_backend``), else None."""
+    from ..backend import apply_mode
+    from ..options import parse_options
+    from ..registry import BACKEND_NAME
+
+    kwargs: dict[str, Any] = {}
+    fn, seen = compiler_fn, 0
+    while fn is not None and seen < 8:
+        bound = getattr(fn, "options", None)
+        if bound is not None and type(bound).__name__ == "BackendOptions":
+            return bound
+        if isinstance(getattr(fn, "kwargs", None), dict):
+            kwargs = {**fn.kwargs, **kwargs}
+        if getattr(fn, "__name__", None) == BACKEND_NAME and getattr(fn, "__module__", "").startswith(
+                "torchair_cached_backend"):
+            try:
+                return apply_mode(parse_options(kwargs.get("options")), kwargs.get("mode"))
+            except Exception:
+                return None
+        fn = getattr(fn, "compiler_fn", None) or getattr(fn, "__wrapped__", None)
+        seen += 1
+    return None
 
 
 def _digest(obj: Any) -> str:
