@@ -154,3 +154,42 @@ class PrintsFirst(nn.Module):
 def case_print_first(phase: str, d: str) -> dict:
     m, x = PrintsFirst().eval(), torch.randn(2, 4)
     return {"ok": close(serve(m, phase, d)(x), m.lin(x).relu())}
+
+
+# -- 8. torch.cond and checkpoint with the eager inner compiler ------------------------------
+
+
+class WithCond(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x):
+        y = self.lin(x)
+        return torch.cond(y.sum() > 0, lambda t: t.sin(), lambda t: t.cos(), (y,))
+
+
+class WithCheckpoint(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin = nn.Linear(4, 4)
+
+    def block(self, t):
+        return self.lin(t).relu()
+
+    def forward(self, x):
+        return torch.utils.checkpoint.checkpoint(self.block, x, use_reentrant=False) + 1.0
+
+
+def case_cond(phase: str, d: str) -> dict:
+    m = WithCond().eval()
+    f = serve(m, phase, d)
+    xs = [torch.randn(2, 4), -torch.randn(2, 4).abs() * 10]
+    return {"ok": all(close(f(x), m(x)) for x in xs)}
+
+
+def case_checkpoint(phase: str, d: str) -> dict:
+    m, x = WithCheckpoint().eval(), torch.randn(2, 4)
+    return {"ok": close(serve(m, phase, d)(x), m.block(x) + 1.0)}

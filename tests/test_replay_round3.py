@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 CASES = ("global_hook", "forward_assigned", "generate", "buckets_default_bound", "buckets_max_variants",
-         "print_first")
+         "print_first", "cond", "checkpoint")
 
 CHILD = """
 import os, sys, traceback
@@ -163,3 +163,16 @@ def test_forward_starting_with_a_print_replays(outcome):
     assert cold["frames"] == 2, cold
     _replayed(warm)
     _replayed(warm2)
+
+
+@pytest.mark.parametrize("name, attr", [("cond", "cond_true_0"), ("checkpoint", "wrap_body_0")])
+def test_cond_and_checkpoint_with_eager_say_the_true_reason(outcome, name, attr):
+    """The eager inner compiler does not store higher-order-op subgraphs (Inductor does):
+    refused at capture with the compiler's own reason (never "needs autograd"), and
+    each warm start is a counted fallback saying it."""
+    cold, warm, warm2 = _cases(outcome, name)
+    refused = [line for line in cold["logs"] if "will not be replayed" in line]
+    assert refused and all(f"eager: graph attribute '{attr}' is not a tensor" in line for line in refused), _why(cold)
+    assert not any("autograd" in line for line in cold["logs"] + warm["logs"]), _why(warm)
+    assert warm["stats"]["fallback_reasons"] == {"not replayable": 1}, _why(warm)
+    assert any(attr in line and "not replayable when captured" in line for line in warm["logs"]), _why(warm)

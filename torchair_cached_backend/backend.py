@@ -60,7 +60,8 @@ def compile_graph(gm: Any, example_inputs: list[Any], options: BackendOptions) -
         t0 = time.perf_counter()
         fn = compiler.compile(gm, example_inputs, options).fn
         record(uncached=1, compile_seconds=time.perf_counter() - t0)
-        return _announce(CachedGraph(fn, "", compiler.name, cached=False), options, gm)
+        return _announce(CachedGraph(fn, "", compiler.name, cached=False, reason="it needs autograd (grad mode is on "
+                                     "and an input requires grad)"), options, gm)
 
     key, factors = keys.compute_key(gm, example_inputs, compiler, options, torch.is_grad_enabled())
     store = graph_store(options)
@@ -136,7 +137,7 @@ def _compile_and_store(
     if result.artifact is None:
         warn_once(f"uncached:{result.reason}", "npu_cached: graph %s compiled but not cached: %s", key[:12], result.reason)
         log.info("npu_cached miss %s (%s) compiled in %.3fs, not cacheable", key[:12], compiler.name, dt)
-        return CachedGraph(result.fn, key, compiler.name, cached=False)
+        return CachedGraph(result.fn, key, compiler.name, cached=False, reason=f"{compiler.name}: {result.reason}")
     files = dict(result.artifact.files)
     files.setdefault(GRAPH_CODE, gm.code.encode())
     manifest = {
@@ -149,7 +150,7 @@ def _compile_and_store(
     }
     if store.save(key, files, manifest) is None:  # a storage fault (logged once by the store): serve it uncached
         log.info("npu_cached miss %s (%s) compiled in %.3fs, not stored", key[:12], compiler.name, dt)
-        return CachedGraph(result.fn, key, compiler.name, cached=False)
+        return CachedGraph(result.fn, key, compiler.name, cached=False, reason="it could not be stored (a storage fault)")
     log.info("npu_cached miss %s (%s) compiled in %.3fs and stored", key[:12], compiler.name, dt)
     if options.max_size is not None:
         _bound_size(store, options.max_size, key)

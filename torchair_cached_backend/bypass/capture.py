@@ -346,9 +346,9 @@ def _add_frame(
         rename[name] = new
         descs[new] = desc
         values[new] = value
-    uncached = [n for n, g in graphs.items() if not g.cached]
-    if uncached:
-        unsupported.append("a graph of this frame is not cacheable (needs autograd, or the compiler declined)")
+    uncached = [g for g in graphs.values() if not g.cached]
+    for reason in dict.fromkeys(g.reason or "the compiler declined it" for g in uncached):
+        unsupported.append(f"a graph of this frame is not cached: {reason}")
     # torchair compiles a tensor's dim gears (set_dim_gears) into the graph: another setting is another graph
     attrs = _TORCHAIR_TENSOR_ATTRS if any(g.compiler == "torchair" for g in graphs.values()) else ()
     guards = capture_frame_guards(output, code, receiver, rename, values, resume=resume_of is not None,
