@@ -193,3 +193,36 @@ def case_cond(phase: str, d: str) -> dict:
 def case_checkpoint(phase: str, d: str) -> dict:
     m, x = WithCheckpoint().eval(), torch.randn(2, 4)
     return {"ok": close(serve(m, phase, d)(x), m.block(x) + 1.0)}
+
+
+# -- 9. a class defined inside a function; a staticmethod -------------------------------------
+
+
+def make_local_net() -> nn.Module:
+    class LocalNet(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            torch.manual_seed(0)
+            self.lin = nn.Linear(4, 4)
+
+        def forward(self, x):
+            return self.lin(x).sigmoid() * 2.0
+
+    return LocalNet().eval()
+
+
+def case_local_class(phase: str, d: str) -> dict:
+    m, x = make_local_net(), torch.randn(2, 4)
+    return {"ok": close(serve(m, phase, d)(x), m(x))}
+
+
+class Ops:
+    @staticmethod
+    def scale(x, k: float = 3.0):
+        return (x * k).tanh()
+
+
+def case_staticmethod(phase: str, d: str) -> dict:
+    x = torch.randn(2, 4)
+    f = serve(Ops.scale, phase, d)
+    return {"ok": close(f(x), Ops.scale(x)) and close(f(x, 2.0), Ops.scale(x, 2.0))}

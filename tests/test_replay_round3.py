@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 CASES = ("global_hook", "forward_assigned", "generate", "buckets_default_bound", "buckets_max_variants",
-         "print_first", "cond", "checkpoint")
+         "print_first", "cond", "checkpoint", "local_class", "staticmethod")
 
 CHILD = """
 import os, sys, traceback
@@ -176,3 +176,13 @@ def test_cond_and_checkpoint_with_eager_say_the_true_reason(outcome, name, attr)
     assert not any("autograd" in line for line in cold["logs"] + warm["logs"]), _why(warm)
     assert warm["stats"]["fallback_reasons"] == {"not replayable": 1}, _why(warm)
     assert any(attr in line and "not replayable when captured" in line for line in warm["logs"]), _why(warm)
+
+
+@pytest.mark.parametrize("name", ["local_class", "staticmethod"])
+def test_local_class_and_staticmethod_replay(outcome, name):
+    """A model class defined inside a function (its forward is in the program key, it
+    need not be found by name); a staticmethod has no receiver (load(Cls.method) finds it)."""
+    cold, warm, warm2 = _cases(outcome, name)
+    assert cold["frames"] >= 1, cold
+    _replayed(warm)
+    _replayed(warm2)

@@ -218,6 +218,8 @@ def _record(code: types.CodeType, out_code: types.CodeType) -> None:
     local_scope = getattr(output, "local_scope", None) or {}
     receiver = receiver_ref(code, local_scope)
     bound = receiver_value(receiver, local_scope)
+    if receiver is not None and not _is_receiver(code, bound, scope):
+        receiver, bound = None, None  # a staticmethod: its first argument is no receiver
     identity = function_identity(code, scope.get("__name__"), type_path(bound))
     fingerprint = code_codec.code_fingerprint(code)
     key = program_key(identity, fingerprint, compiler, options)
@@ -232,6 +234,30 @@ def _record(code: types.CodeType, out_code: types.CodeType) -> None:
             {"root": fid, "tensor_state": tensor_state(bound), "created": round(time.time(), 3)}
         )
     builder.publish()
+
+
+def _is_receiver(code: types.CodeType, value: Any, scope: dict[str, Any]) -> bool:
+    """Whether ``value`` (the first argument) is what the function is bound to: a
+    module or class (forwards, decorator wrappers, classmethods), or an instance
+    whose class defines this code as a method, not as a staticmethod (the class is
+    found by the code's qualified name in its module, else in ``value``'s type)."""
+    import torch
+
+    if isinstance(value, (torch.nn.Module, type)):
+        return True
+    *owner, name = getattr(code, "co_qualname", code.co_name).split(".")
+    classes: list[Any] = list(type(value).__mro__)
+    if owner and "<locals>" not in owner:
+        obj: Any = scope.get(owner[0])
+        for part in owner[1:]:
+            obj = getattr(obj, part, None)
+        if isinstance(obj, type):
+            classes = [obj, *classes]
+    for cls in classes:
+        attr = cls.__dict__.get(name)
+        if attr is not None and getattr(getattr(attr, "__func__", attr), "__code__", None) is code:
+            return not isinstance(attr, staticmethod)
+    return True  # not found by name (e.g. assigned under another name): as before
 
 
 def _backend_options(compiler_fn: Any) -> Any:
@@ -358,6 +384,9 @@ def _add_frame(
     traced = describe_traced(list(getattr(output, "traced_code", []) or []) + [code], code.co_filename,
                              scope.get("__name__"))
     traced = [t for t in traced if t.get("fingerprint") not in guards.fingerprints]
+    if resume_of is None:  # the root's own code is in the program key (also a class defined in a function)
+        own = (getattr(code, "co_qualname", code.co_name), code_codec.code_fingerprint(code))
+        traced = [t for t in traced if (t.get("qualname"), t.get("fingerprint")) != own]
     for item in traced:
         if "fingerprint" in item and stale_sources([item]):  # the load-time check would fail at once
             unsupported.append(
