@@ -94,7 +94,8 @@ def _compile_uncached(
     fn = compiler.compile(gm, example_inputs, options).fn
     record(uncached=1, compile_seconds=time.perf_counter() - t0)
     record_uncached(reason)
-    return _announce(CachedGraph(fn, "", compiler.name, cached=False), options, gm)
+    return _announce(CachedGraph(fn, "", compiler.name, cached=False, reason=f"it needs autograd and {reason}"),
+                     options, gm)
 
 
 def _announce(graph: CachedGraph, options: BackendOptions, gm: Any) -> CachedGraph:
@@ -162,7 +163,7 @@ def _compile_and_store(
         record_uncached(result.reason)
         warn_once(f"uncached:{result.reason}", "npu_cached: graph %s compiled but not cached: %s", key[:12], result.reason)
         log.info("npu_cached miss %s (%s) compiled in %.3fs, not cacheable", key[:12], compiler.name, dt)
-        return CachedGraph(result.fn, key, compiler.name, cached=False)
+        return CachedGraph(result.fn, key, compiler.name, cached=False, reason=f"{compiler.name}: {result.reason}")
     files = dict(result.artifact.files)
     files.setdefault(GRAPH_CODE, gm.code.encode())
     manifest = {
@@ -175,7 +176,7 @@ def _compile_and_store(
     }
     if store.save(key, files, manifest) is None:  # a storage fault (logged once by the store): serve it uncached
         log.info("npu_cached miss %s (%s) compiled in %.3fs, not stored", key[:12], compiler.name, dt)
-        return CachedGraph(result.fn, key, compiler.name, cached=False)
+        return CachedGraph(result.fn, key, compiler.name, cached=False, reason="it could not be stored (a storage fault)")
     log.info("npu_cached miss %s (%s) compiled in %.3fs and stored", key[:12], compiler.name, dt)
     if options.max_size is not None:
         _bound_size(store, options.max_size, key)
@@ -202,14 +203,41 @@ def _set_aside_other_versions(store: Store, identity: str, factors: dict[str, An
     cost does not grow with the cache."""
 
 
+#: ``torch.compile(mode=...)`` values (Inductor's): accepted by ``npu_cached`` as a serious backend does
+COMPILE_MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+
+def apply_mode(options: BackendOptions, mode: str | None) -> BackendOptions:
+    """Map ``torch.compile``'s ``mode`` onto the inner compiler: ``"reduce-overhead"`` is graph
+    capture, which torchair has (aclgraph: its ``CompilerConfig.mode = "reduce-overhead"``, unless
+    a ``config`` is given, which wins); elsewhere, and for the other modes, the graph is compiled
+    as by default, with one log line. (transformers' ``CompileConfig`` passes "reduce-overhead".)"""
+    if mode not in COMPILE_MODES:
+        raise OptionError(f"npu_cached: unknown torch.compile(mode={mode!r}); valid modes are "
+                          f"{', '.join(repr(m) for m in COMPILE_MODES[1:])} (or None)")
+    if mode in (None, "default"):
+        return options
+    compiler = options.resolved_compiler()
+    if mode == "reduce-overhead" and compiler == "torchair":
+        if options.config is not None:
+            warn_once(f"mode:{mode}:config", "npu_cached: torch.compile(mode=%r) with options={'config': ...}: "
+                      "the given torchair config (mode %s) is used", mode, getattr(options.config, "mode", "?"))
+            return options
+        from torchair import CompilerConfig
+
+        config = CompilerConfig()
+        config.mode = "reduce-overhead"
+        log.info("npu_cached: torch.compile(mode='reduce-overhead') -> torchair aclgraph (graph capture)")
+        return parse_options(dict(options.as_dict(), config=config))
+    warn_once(f"mode:{mode}:{compiler}", "npu_cached: torch.compile(mode=%r) has no counterpart in the %s inner "
+              "compiler here; graphs are compiled as with the default mode", mode, compiler)
+    return options
+
+
 def npu_cached(gm: Any, example_inputs: list[Any], *, options: dict[str, Any] | None = None, mode: str | None = None) -> Any:
-    """The ``npu_cached`` backend: ``torch.compile(m, backend="npu_cached", options={...})``."""
-    if mode not in (None, "default"):
-        raise OptionError(
-            f"npu_cached does not take torch.compile(mode={mode!r}); for torchair graph modes pass "
-            "options={'config': cfg} with cfg.mode set (max-autotune / reduce-overhead)"
-        )
-    return compile_graph(gm, example_inputs, parse_options(options))
+    """The ``npu_cached`` backend: ``torch.compile(m, backend="npu_cached", options={...})``;
+    ``mode`` as in ``torch.compile`` (see :func:`apply_mode`)."""
+    return compile_graph(gm, example_inputs, apply_mode(parse_options(options), mode))
 
 
 def make_backend(**options: Any) -> Callable[..., Any]:

@@ -17,13 +17,14 @@ class CachedGraph:
     """The callable Dynamo installs as ``__compiled_fn_*``; carries its cache key
     so the bypass capture can find which stored graph a frame calls."""
 
-    __slots__ = ("fn", "key", "compiler", "cached", "options", "input_dims", "__weakref__")
+    __slots__ = ("fn", "key", "compiler", "cached", "reason", "options", "input_dims", "__weakref__")
 
-    def __init__(self, fn: Callable[..., Any], key: str, compiler: str, cached: bool) -> None:
+    def __init__(self, fn: Callable[..., Any], key: str, compiler: str, cached: bool, reason: str | None = None) -> None:
         self.fn = fn
         self.key = key
         self.compiler = compiler
         self.cached = cached
+        self.reason = reason  # why it is not cached (the capture says so when it refuses the frame)
         self.options: BackendOptions | None = None
         #: frame-local name -> dims (int static, None symbolic), for the bypass input check
         self.input_dims: dict[str, list[int | None]] = {}

@@ -11,6 +11,8 @@ GUARD_MODES = ("load", "call", "none")
 DEFAULT_CACHE_DIR = ".torchair_cache"
 CACHE_HOME_ENV = "TORCHAIR_CACHE_HOME"
 REMOTE_ENV = "TORCHAIR_CACHE_REMOTE"
+#: variants one replay program keeps (one per recompile: shapes, buckets, state); option ``max_variants``
+DEFAULT_MAX_VARIANTS = 16
 
 
 class OptionError(ValueError):
@@ -30,6 +32,7 @@ class BackendOptions:
         "tp_rank", "pp_rank", "check_inputs", "dynamic", "reject_rng", "guards", "max_size", "graph_dir",
         "lock_timeout",
         "remote", "base_dir",
+        "max_variants",
     )
 
     def __init__(
@@ -51,6 +54,7 @@ class BackendOptions:
         lock_timeout: float | None = None,
         remote: str | None = None,
         base_dir: str | None = None,
+        max_variants: int = DEFAULT_MAX_VARIANTS,
     ) -> None:
         self.cache_dir = cache_dir
         self.compiler = compiler
@@ -71,6 +75,7 @@ class BackendOptions:
         self.remote = remote
         #: a read-only base cache (baked into an image) under the local one (``layers.py``)
         self.base_dir = base_dir
+        self.max_variants = max_variants
 
     def as_dict(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self.__slots__}
@@ -186,6 +191,8 @@ def _check_lock_timeout(value: Any) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
         raise OptionError(f"npu_cached option 'lock_timeout' must be seconds >= 0 (e.g. 600) or None, got {value!r}")
     return float(value)
+
+
 def _check_remote(value: Any) -> str | None:
     """A redis:// or rediss:// URL (checked now, connected on first use)."""
     if value is None:
@@ -208,6 +215,13 @@ def _check_base_dir(value: Any) -> str | None:
     return os.path.abspath(os.fspath(value))
 
 
+def _check_max_variants(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise OptionError(f"npu_cached option 'max_variants' must be a positive int (variants kept per replayed "
+                          f"function, e.g. one per static batch-size bucket), got {value!r}")
+    return value
+
+
 _VALIDATORS = {
     "cache_dir": None,
     "compiler": None,
@@ -226,6 +240,7 @@ _VALIDATORS = {
     "lock_timeout": _check_lock_timeout,
     "remote": _check_remote,
     "base_dir": _check_base_dir,
+    "max_variants": _check_max_variants,
 }
 VALID_KEYS = tuple(_VALIDATORS)
 

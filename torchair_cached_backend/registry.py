@@ -13,11 +13,27 @@ from typing import Any
 BACKEND_NAME = "npu_cached"
 
 
-def npu_cached(gm: Any, example_inputs: list[Any], **kwargs: Any) -> Any:
+def _npu_cached(gm: Any, example_inputs: list[Any], **kwargs: Any) -> Any:
     """Entry-point target; imports the backend machinery on first use only."""
     from .backend import npu_cached as backend
 
     return backend(gm, example_inputs, **kwargs)
+
+
+_npu_cached.__name__ = _npu_cached.__qualname__ = BACKEND_NAME
+
+
+def __getattr__(name: str) -> Any:
+    """``npu_cached`` is resolved here, so loading the entry point (Dynamo does it at
+    ``torch.compile(backend="npu_cached")``, before the first frame) installs the
+    bytecode capture: a root frame with no graph of its own (a forward that starts
+    with a ``print``) is transformed before any graph reaches the backend."""
+    if name == BACKEND_NAME:
+        from .bypass.capture import ensure_installed
+
+        ensure_installed()
+        return _npu_cached
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def register() -> None:
@@ -36,7 +52,7 @@ def register() -> None:
         return
     if registry._BACKENDS.get(BACKEND_NAME) is not None:  # an entry point Dynamo will load
         return
-    registry.register_backend(compiler_fn=npu_cached, name=BACKEND_NAME)
+    registry.register_backend(compiler_fn=_npu_cached, name=BACKEND_NAME)
 
 
 def register_if_dynamo_loaded() -> None:

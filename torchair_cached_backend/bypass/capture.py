@@ -32,7 +32,15 @@ from ..cached_graph import CachedGraph
 from ..logs import log
 from .guard_capture import capture_frame_guards, receiver_ref
 from .guard_runtime import receiver_value
-from .program import PROGRAM_FORMAT, function_identity, merge_programs, program_key, program_store, type_path
+from .program import (
+    PROGRAM_FORMAT,
+    function_identity,
+    merge_programs,
+    program_key,
+    program_store,
+    type_path,
+    used_roots,
+)
 from .sources import RESUME_PREFIX, describe_traced, stale_sources, tensor_state
 
 _installed = False
@@ -71,8 +79,10 @@ def ensure_installed() -> None:
 class ProgramBuilder:
     """Accumulates the frames and variants of one function's program in this process."""
 
-    def __init__(self, key: str, identity: dict[str, Any], cache_dir: str, compiler: str, fingerprint: str) -> None:
+    def __init__(self, key: str, identity: dict[str, Any], cache_dir: str, compiler: str, fingerprint: str,
+                 max_variants: int = 16) -> None:
         self.key = key
+        self.max_variants = max_variants
         self.identity = identity
         self.fingerprint = fingerprint  # of the function's own (original) code
         self.cache_dir = cache_dir
@@ -105,7 +115,8 @@ class ProgramBuilder:
                     return  # stored but unreadable now (a storage fault): never replace it with less
                 old = entry.manifest.get("program") if entry is not None else None
                 old_files = entry.files if entry is not None else {}
-                program, files = merge_programs(old, old_files, self.program(), self.files)
+                program, files = merge_programs(old, old_files, self.program(), self.files, self.max_variants,
+                                                 used_roots(self.cache_dir, self.key))
                 store.replace(self.key, files, {"versions": environment_factors(), "program": program})
         except Exception as exc:  # capture must never break the user's compile
             log.warning("npu_cached: could not save the replay program for %s: %s", self.identity["qualname"], exc)
@@ -190,21 +201,32 @@ def _record(code: types.CodeType, out_code: types.CodeType) -> None:
                 group["frames"].append(fid)
             builder.publish()
         return
-    if not graphs or code.co_name.startswith(RESUME_PREFIX):
-        return  # nothing of ours, or a resume function nobody waits for
-    first = next(iter(graphs.values()))
-    options = first.options
+    if code.co_name.startswith(RESUME_PREFIX):
+        return  # a resume function nobody waits for
+    if graphs:
+        first = next(iter(graphs.values()))
+        options, compiler = first.options, first.compiler
+    elif any(n.startswith("__resume_at_") for n in names):
+        # no graph before the first graph break (a forward that starts with a print): ours if
+        # the frame was compiled by npu_cached; its resume functions hold the graphs
+        options = _backend_options(getattr(output, "compiler_fn", None))
+        compiler = options.resolved_compiler() if options is not None else None
+    else:
+        return  # nothing of ours
     if options is None:
         return
     local_scope = getattr(output, "local_scope", None) or {}
     receiver = receiver_ref(code, local_scope)
     bound = receiver_value(receiver, local_scope)
+    if receiver is not None and not _is_receiver(code, bound, scope):
+        receiver, bound = None, None  # a staticmethod: its first argument is no receiver
     identity = function_identity(code, scope.get("__name__"), type_path(bound))
     fingerprint = code_codec.code_fingerprint(code)
-    key = program_key(identity, fingerprint, first.compiler, options)
+    key = program_key(identity, fingerprint, compiler, options)
     builder = _builders.get((options.cache_dir, key))
     if builder is None:
-        builder = ProgramBuilder(key, identity, options.cache_dir, first.compiler, fingerprint)
+        builder = ProgramBuilder(key, identity, options.cache_dir, compiler, fingerprint,
+                                 getattr(options, "max_variants", 16))
         _builders[(options.cache_dir, key)] = builder
     fid = _add_frame(builder, code, out_code, output, names, graphs, receiver, resume_of=None)
     if all(v["root"] != fid for v in builder.variants):
@@ -212,6 +234,56 @@ def _record(code: types.CodeType, out_code: types.CodeType) -> None:
             {"root": fid, "tensor_state": tensor_state(bound), "created": round(time.time(), 3)}
         )
     builder.publish()
+
+
+def _is_receiver(code: types.CodeType, value: Any, scope: dict[str, Any]) -> bool:
+    """Whether ``value`` (the first argument) is what the function is bound to: a
+    module or class (forwards, decorator wrappers, classmethods), or an instance
+    whose class defines this code as a method, not as a staticmethod (the class is
+    found by the code's qualified name in its module, else in ``value``'s type)."""
+    import torch
+
+    if isinstance(value, (torch.nn.Module, type)):
+        return True
+    *owner, name = getattr(code, "co_qualname", code.co_name).split(".")
+    classes: list[Any] = list(type(value).__mro__)
+    if owner and "<locals>" not in owner:
+        obj: Any = scope.get(owner[0])
+        for part in owner[1:]:
+            obj = getattr(obj, part, None)
+        if isinstance(obj, type):
+            classes = [obj, *classes]
+    for cls in classes:
+        attr = cls.__dict__.get(name)
+        if attr is not None and getattr(getattr(attr, "__func__", attr), "__code__", None) is code:
+            return not isinstance(attr, staticmethod)
+    return True  # not found by name (e.g. assigned under another name): as before
+
+
+def _backend_options(compiler_fn: Any) -> Any:
+    """The parsed options of the ``npu_cached`` backend behind Dynamo's compiler_fn
+    (its debug wrapper, ``torch.compile``'s kwargs wrapper, ``make_backend``), else None."""
+    from ..backend import apply_mode
+    from ..options import parse_options
+    from ..registry import BACKEND_NAME
+
+    kwargs: dict[str, Any] = {}
+    fn, seen = compiler_fn, 0
+    while fn is not None and seen < 8:
+        bound = getattr(fn, "options", None)
+        if bound is not None and type(bound).__name__ == "BackendOptions":
+            return bound
+        if isinstance(getattr(fn, "kwargs", None), dict):
+            kwargs = {**fn.kwargs, **kwargs}
+        if getattr(fn, "__name__", None) == BACKEND_NAME and getattr(fn, "__module__", "").startswith(
+                "torchair_cached_backend"):
+            try:
+                return apply_mode(parse_options(kwargs.get("options")), kwargs.get("mode"))
+            except Exception:
+                return None
+        fn = getattr(fn, "compiler_fn", None) or getattr(fn, "__wrapped__", None)
+        seen += 1
+    return None
 
 
 def _digest(obj: Any) -> str:
@@ -300,9 +372,9 @@ def _add_frame(
         rename[name] = new
         descs[new] = desc
         values[new] = value
-    uncached = [n for n, g in graphs.items() if not g.cached]
-    if uncached:
-        unsupported.append("a graph of this frame is not cacheable (needs autograd, or the compiler declined)")
+    uncached = [g for g in graphs.values() if not g.cached]
+    for reason in dict.fromkeys(g.reason or "the compiler declined it" for g in uncached):
+        unsupported.append(f"a graph of this frame is not cached: {reason}")
     # torchair compiles a tensor's dim gears (set_dim_gears) into the graph: another setting is another graph
     attrs = _TORCHAIR_TENSOR_ATTRS if any(g.compiler == "torchair" for g in graphs.values()) else ()
     guards = capture_frame_guards(output, code, receiver, rename, values, resume=resume_of is not None,
@@ -312,6 +384,9 @@ def _add_frame(
     traced = describe_traced(list(getattr(output, "traced_code", []) or []) + [code], code.co_filename,
                              scope.get("__name__"))
     traced = [t for t in traced if t.get("fingerprint") not in guards.fingerprints]
+    if resume_of is None:  # the root's own code is in the program key (also a class defined in a function)
+        own = (getattr(code, "co_qualname", code.co_name), code_codec.code_fingerprint(code))
+        traced = [t for t in traced if (t.get("qualname"), t.get("fingerprint")) != own]
     for item in traced:
         if "fingerprint" in item and stale_sources([item]):  # the load-time check would fail at once
             unsupported.append(

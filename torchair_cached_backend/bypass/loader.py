@@ -45,6 +45,18 @@ class _Rejected(Exception):
     """One variant cannot be replayed here; the message says why."""
 
 
+def module_call_target(target: Any) -> Any:
+    """``model.__call__`` (what transformers' ``get_compiled_call`` compiles) stands for
+    the module itself: Dynamo skips ``nn.Module.__call__`` and files the frame under
+    the module's ``forward``; the replay runs the hooks as ``__call__`` does."""
+    import torch
+
+    if isinstance(target, types.MethodType) and isinstance(target.__self__, torch.nn.Module):
+        if target.__func__ in (torch.nn.Module.__call__, torch.nn.Module._call_impl):
+            return target.__self__
+    return target
+
+
 def resolve_target(target: Any) -> tuple[types.FunctionType, Any]:
     """(plain function, bound receiver or None) for a module, bound method (incl.
     classmethods: the receiver is the class) or function."""
@@ -72,6 +84,7 @@ def build_replay(
 ) -> ReplayedFunction:
     """Rebuild ``target`` from the cache or raise :class:`CacheMiss` saying why."""
     t0 = time.perf_counter()
+    target = module_call_target(target)
     func, bound_self = resolve_target(target)
     code = func.__code__
     compiler_name = options.resolved_compiler()
@@ -88,7 +101,7 @@ def build_replay(
     if options.guards == "none":
         warn_once("guards-none", "npu_cached: guards='none': warm starts replay without checking what Dynamo "
                   "specialized on (torchair's behaviour); a changed model or input is not detected")
-    builder = _ReplayBuilder(entry.files, program, options, func, bound_self)
+    builder = _ReplayBuilder(entry.files, program, options, func, bound_self, key)
     variants: list[Variant] = []
     rejected: list[str] = []
     for variant in reversed(program.get("variants", [])):  # newest first, as Dynamo's cache
@@ -104,7 +117,7 @@ def build_replay(
     for reason in dict.fromkeys(rejected):
         log.info("npu_cached: %s: a cached variant is not used here: %s", name, reason)
     if options.guards == "none" or not options.check_inputs:
-        variants = [Variant(always, variants[0].fn, None)]
+        variants = [Variant(always, variants[0].fn, None, variants[0].used)]
     if fallback is None:
         fallback = _torch_compile_fallback(target, options)
     import torch
@@ -112,7 +125,7 @@ def build_replay(
     module = bound_self if isinstance(bound_self, torch.nn.Module) and func is type(bound_self).forward else None
     if module is not None and not isinstance(target, torch.nn.Module):
         module = None
-    replay = ReplayedFunction(variants, bound_self, name, fallback, module)
+    replay = ReplayedFunction(variants, bound_self, name, fallback, module, original=func)
     dt = time.perf_counter() - t0
     record(bypass_loads=1, load_seconds=dt)
     log.info("npu_cached bypass load %s (%s, %d of %d variant(s)) in %.3fs", name, compiler_name,
@@ -121,13 +134,20 @@ def build_replay(
 
 
 def _torch_compile_fallback(target: Any, options: BackendOptions) -> Callable[[], Callable[..., Any]]:
+    """``torch.compile`` of what a replay stands for. For a module that is its
+    ``forward`` (bound): the replay runs the module's hooks itself, and a replay
+    installed as ``model.forward`` must not call back into ``model.__call__``."""
+
     def make() -> Callable[..., Any]:
         import torch
 
         from ..backend import make_backend
 
         kwargs = {k: v for k, v in options.as_dict().items() if v is not None}
-        return torch.compile(target, backend=make_backend(**kwargs), dynamic=options.dynamic)
+        compiled = target
+        if isinstance(target, torch.nn.Module):
+            compiled = types.MethodType(type(target).forward, target)
+        return torch.compile(compiled, backend=make_backend(**kwargs), dynamic=options.dynamic)
 
     return make
 
@@ -166,10 +186,12 @@ class _ReplayBuilder:
     """Builds the variants of one program: checks, frame functions, graphs."""
 
     def __init__(
-        self, files: dict[str, bytes], program: dict[str, Any], options: BackendOptions, func: Any, bound_self: Any
+        self, files: dict[str, bytes], program: dict[str, Any], options: BackendOptions, func: Any, bound_self: Any,
+        key: str = "",
     ) -> None:
         from ..backend import graph_store
 
+        self.key = key
         self.files = files
         self.program = program
         self.frames: dict[str, Any] = program.get("frames", {})
@@ -200,9 +222,10 @@ class _ReplayBuilder:
         code = code_codec.loads_code(self.files[frame["code"]])
         fn = types.FunctionType(code, self.scope, code.co_name, self.func.__defaults__, self.func.__closure__)
         fn.__kwdefaults__ = self.func.__kwdefaults__
+        used = ((self.options.cache_dir, self.key), fid)
         if checks is None:
-            return Variant(always, fn, None)
-        return Variant(self._per_call(checks), fn, checks)
+            return Variant(always, fn, None, used)
+        return Variant(self._per_call(checks), fn, checks, used)
 
     def _fixed(self, checks: GuardChecks) -> bool:
         """Whether the frame's receiver is fixed for the replay's lifetime (or it has none):
@@ -360,6 +383,7 @@ def load(
     ``guards`` (option): ``"load"`` (default), ``"call"`` or ``"none"``.
     """
     opts = parse_options(dict(options, cache_dir=cache_dir, compiler=compiler, check_inputs=check_inputs))
+    target = module_call_target(target)
     try:
         return build_replay(target, opts)
     except CacheMiss as miss:
@@ -367,7 +391,21 @@ def load(
             raise
         record_fallback(_reason_kind(str(miss)))
         log.info("npu_cached: %s; compiling instead", miss)
-    return _torch_compile_fallback(target, opts)()
+        return _compiling_stand_in(target, opts, str(miss))
+
+
+def _compiling_stand_in(target: Any, options: BackendOptions, why: str) -> Callable[..., Any]:
+    """What ``load()`` returns on a miss: a replay without variants, so every call is
+    compiled by Dynamo (caching as it goes) and module hooks run as for a replay
+    (also once it is installed as ``model.forward``; an ``OptimizedModule`` assigned
+    there would become a submodule, never called)."""
+    import torch
+
+    func, bound_self = resolve_target(target)
+    module = target if isinstance(target, torch.nn.Module) else None
+    name = getattr(func, "__qualname__", None) or func.__name__
+    return ReplayedFunction([], bound_self, name, _torch_compile_fallback(target, options), module,
+                            original=func, miss=why)
 
 
 def _reason_kind(message: str) -> str:

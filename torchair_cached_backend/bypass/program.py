@@ -17,7 +17,9 @@ options, versions). It holds:
 
 Programs grow by merging: a process that compiles a new variant adds it to
 what is on disk (under the entry's lock); nothing another process recorded is
-lost, and the oldest variants go beyond ``MAX_VARIANTS``.
+lost. Beyond the ``max_variants`` option (default 16) the least recently added
+variants go, but never one this process replayed or compiled (so a start that
+serves more static buckets than the bound keeps them all: the cache settles).
 """
 
 from __future__ import annotations
@@ -32,8 +34,19 @@ from ..store import Store
 PROGRAMS = "programs"
 #: bumped when the program layout changes; older programs are never replayed
 PROGRAM_FORMAT = 2
-#: as Dynamo's recompile limit: beyond this many variants the oldest are dropped
+#: the default bound (option ``max_variants``): beyond it the oldest variants not used by this process go
 MAX_VARIANTS = 16
+#: (cache dir, program key) -> root frame ids of variants this process replayed (never evicted by its merges)
+_used: dict[tuple[str, str], set[str]] = {}
+
+
+def note_used(program: tuple[str, str], root: str) -> None:
+    """Called once per replayed variant, on its first call."""
+    _used.setdefault(program, set()).add(root)
+
+
+def used_roots(cache_dir: str, key: str) -> set[str]:
+    return _used.get((cache_dir, key), set())
 
 
 def function_identity(code: types.CodeType, module: str | None, receiver_type: str | None = None) -> dict[str, Any]:
@@ -88,12 +101,19 @@ def program_store(cache_dir: str) -> Store:
 
 
 def merge_programs(
-    old: dict[str, Any] | None, old_files: dict[str, bytes], new: dict[str, Any], new_files: dict[str, bytes]
+    old: dict[str, Any] | None,
+    old_files: dict[str, bytes],
+    new: dict[str, Any],
+    new_files: dict[str, bytes],
+    max_variants: int = MAX_VARIANTS,
+    keep: set[str] = frozenset(),  # type: ignore[assignment]
 ) -> tuple[dict[str, Any], dict[str, bytes]]:
     """Union of two programs of one key: frames by id, variants by root frame (the
-    newest last, the oldest beyond MAX_VARIANTS dropped), resume variants per group."""
+    newest last), resume variants per group. Beyond ``max_variants`` the oldest go,
+    except the new ones and ``keep`` (the variants this process replayed)."""
     if not old or old.get("format") != PROGRAM_FORMAT:
         merged = dict(new)
+        merged["variants"] = _bounded(list(new.get("variants", [])), max_variants, keep)
         return _prune(merged, dict(new_files))
     merged = dict(new)
     merged["frames"] = {**old.get("frames", {}), **new.get("frames", {})}
@@ -101,16 +121,36 @@ def merge_programs(
     # (every warm torch.compile process does) changes nothing and writes nothing
     known = {v["root"] for v in old.get("variants", [])}
     added = [v for v in new.get("variants", []) if v["root"] not in known]
-    merged["variants"] = (list(old.get("variants", [])) + added)[-MAX_VARIANTS:]
+    protected = set(keep) | {v["root"] for v in new.get("variants", [])}
+    merged["variants"] = _bounded(list(old.get("variants", [])) + added, max_variants, protected)
     resumes = {k: dict(v, frames=list(v.get("frames", []))) for k, v in old.get("resumes", {}).items()}
     for origin, group in new.get("resumes", {}).items():
         mine = resumes.setdefault(origin, dict(group, frames=[]))
         for fid in group.get("frames", []):
             if fid not in mine["frames"]:
                 mine["frames"].append(fid)
-        mine["frames"] = mine["frames"][-MAX_VARIANTS:]
+        ours = set(group.get("frames", []))
+        mine["frames"] = _bounded_ids(mine["frames"], max_variants, ours)
     merged["resumes"] = resumes
     return _prune(merged, {**old_files, **new_files})
+
+
+def _bounded(variants: list[dict[str, Any]], bound: int, protected: set[str]) -> list[dict[str, Any]]:
+    """Drop the oldest unprotected variants until at most ``bound`` remain (or none is left to drop)."""
+    roots = _bounded_ids([v["root"] for v in variants], bound, protected)
+    kept = set(roots)
+    return [v for v in variants if v["root"] in kept]
+
+
+def _bounded_ids(ids: list[str], bound: int, protected: set[str]) -> list[str]:
+    excess = len(ids) - bound
+    out = []
+    for fid in ids:
+        if excess > 0 and fid not in protected:
+            excess -= 1
+            continue
+        out.append(fid)
+    return out
 
 
 def _prune(program: dict[str, Any], files: dict[str, bytes]) -> tuple[dict[str, Any], dict[str, bytes]]:
