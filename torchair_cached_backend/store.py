@@ -26,6 +26,7 @@ from typing import Any
 
 from . import fs_security as fs
 from . import store_backend as backend_mod
+from . import store_ledger as ledger
 from . import store_locks as locks
 from .logs import log, warn_once
 from .stats import record
@@ -263,7 +264,10 @@ class Store:
             if not self.prepare():
                 return None
             try:
-                return final if self.backend.publish(self.kind, key, files, manifest, replace=replace) else None
+                if not self.backend.publish(self.kind, key, files, manifest, replace=replace):
+                    return None
+                ledger.add(self.backend, sum(map(len, files.values())) + 4096)  # blobs, manifest and dirs, roughly
+                return final
             except fs.CacheSecurityError:
                 raise
             except FileNotFoundError as exc:
