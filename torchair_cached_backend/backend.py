@@ -185,10 +185,10 @@ def _compile_and_store(
 
 def _bound_size(store: Store, max_size: int, just_stored: str) -> None:
     """Apply the ``max_size`` option after a store: least recently used entries go first."""
-    from .prune import prune
+    from .prune import bound
 
     try:
-        prune(store.root, max_size, keep=(just_stored,))
+        bound(store, max_size, just_stored)  # a ledger: a full scan only when over max_size, or now and then
     except Exception as exc:  # bounding the cache must never fail the user's call
         warn_once(f"prune:{store.root}", "npu_cached: could not bound the cache %s to max_size: %s", store.root, exc)
 

@@ -265,7 +265,7 @@ def _warn_versions(summary: dict[str, Any]) -> None:
     for versions in summary["versions"]:
         changed = [f"{k} {versions.get(k)} (here {here.get(k)})" for k in here if versions.get(k) != here.get(k)]
         if changed:
-            print(f"note: entries built under {', '.join(changed)}: they will be set aside, not used, on this machine")
+            print(f"note: entries built under {', '.join(changed)}: they are not used on this machine (kept until pruned)")
 
 
 def cmd_unpack(args: argparse.Namespace) -> int:

@@ -26,6 +26,7 @@ from typing import Any
 
 from . import fs_security as fs
 from . import store_backend as backend_mod
+from . import store_ledger as ledger
 from . import store_locks as locks
 from .logs import log, warn_once
 from .stats import record
@@ -278,6 +279,7 @@ class Store:
                 from . import layers
 
                 layers.published(self, key, files, manifest, replace=replace)  # the remote, if any
+                ledger.add(self.backend, sum(map(len, files.values())) + 4096)  # blobs, manifest and dirs, roughly
                 return final
             except fs.CacheSecurityError:
                 raise

@@ -16,7 +16,6 @@ from __future__ import annotations
 import errno
 import json
 import os
-import socket
 import stat
 import time
 
@@ -102,6 +101,8 @@ def _still_named(fd: int, dir_fd: int, name: str) -> bool:
 
 
 def _write_holder(fd: int, what: str) -> None:
+    import socket
+
     info = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.time(), "what": what}
     try:
         os.ftruncate(fd, 0)
