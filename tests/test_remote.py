@@ -352,3 +352,12 @@ def test_bad_remote_option_is_a_clear_error():
         parse_options({"remote": "http://cache:6379"})
     with pytest.raises(OptionError, match="lease"):
         parse_options({"remote": "redis://127.0.0.1:6379/0?lease=-1"})
+
+
+def test_explain_here_against_a_remote(inductor_fleet):
+    root, url = inductor_fleet
+    env = dict(os.environ, PYTHONPATH=REPO, TORCHINDUCTOR_VEC_ISA_OK="1", TORCHINDUCTOR_FREEZING="1")
+    out = subprocess.run([sys.executable, "-m", "torchair_cached_backend", "explain", "--here", url],
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "misses here" in out.stdout and "TORCHINDUCTOR_FREEZING: None -> '1'" in out.stdout, out.stdout
