@@ -361,3 +361,21 @@ def test_explain_here_against_a_remote(inductor_fleet):
                          env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "misses here" in out.stdout and "TORCHINDUCTOR_FREEZING: None -> '1'" in out.stdout, out.stdout
+
+
+def test_big_entries_are_chunked_and_each_chunk_verified(redis_server):
+    import redis
+
+    from torchair_cached_backend.remote import RedisRemote
+
+    remote = RedisRemote(redis_server.url(db=13, chunk=1000))
+    blob = os.urandom(4500)
+    assert remote.put("graphs", "big", {"k.so": blob, "small": b"x"}, {"meta": 1})
+    db = redis.Redis(host="127.0.0.1", port=redis_server.port, db=13)
+    chunks = sorted(k.decode() for k in db.scan_iter(match="tcb:b:*:*"))
+    assert len(chunks) == 5
+    manifest, files = remote.get("graphs", "big")
+    assert manifest == {"meta": 1} and files == {"k.so": blob, "small": b"x"}
+    db.set(chunks[2], bytes(1000))  # one chunk altered
+    fresh = RedisRemote(redis_server.url(db=13, chunk=1000))
+    assert fresh.get("graphs", "big") is None
