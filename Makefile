@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 BENCH_MODELS ?= mlp,gpt,gpt16
 BENCH_REPEAT ?= 5
 
-.PHONY: venv demo test test-fast lint bench bench-smoke bench-torchair bench-fleet bench-models bench-training clean
+.PHONY: venv demo test test-fast lint redis bench bench-smoke bench-torchair bench-fleet bench-models bench-training bench-remote clean
 
 $(STAMP): setup.py pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,7 +22,15 @@ venv: $(STAMP)
 demo: $(STAMP)  ## cold then warm start of a small GPT, in two fresh processes
 	$(PY) examples/quickstart.py
 
-test: $(STAMP)  ## the whole suite, the torchair-on-CPU harness included
+redis:  ## redis-server for the remote-tier tests (the distribution's package; CI requires it: TCB_REQUIRE_REDIS=1)
+	@if command -v redis-server >/dev/null 2>&1; then :; \
+	elif command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+		apt-get install -y -q redis-server >/dev/null || (apt-get update -q >/dev/null && apt-get install -y -q redis-server >/dev/null); \
+	elif command -v apt-get >/dev/null 2>&1 && command -v sudo >/dev/null 2>&1; then \
+		sudo apt-get install -y -q redis-server >/dev/null || (sudo apt-get update -q >/dev/null && sudo apt-get install -y -q redis-server >/dev/null); \
+	else echo "redis-server not found and cannot be installed here: the remote-tier tests will skip (install redis-server)"; fi
+
+test: $(STAMP) redis  ## the whole suite, the torchair-on-CPU harness and the real-Redis tests included
 	TCB_REQUIRE_TORCHAIR=$${TCB_REQUIRE_TORCHAIR:-0} $(PY) -m pytest -q --timeout=900 tests
 
 test-fast: $(STAMP)  ## without the real-torchair tests
@@ -45,6 +53,9 @@ bench-torchair: $(STAMP)  ## ours vs torchair's own cache_compile, real torchair
 bench-fleet: $(STAMP)  ## bundle round trip and torchrun ranks sharing compiles (GPT, Inductor) -> benchmarks/results/
 	$(PY) benchmarks/bundle_roundtrip.py
 	$(PY) benchmarks/ranks.py
+
+bench-remote: $(STAMP) redis  ## a fresh node's first call from a local cache / Redis / cold; 8 nodes on one empty remote
+	$(PY) benchmarks/remote.py
 
 bench-models: $(STAMP)  ## transformers families (replayed? first call vs eager) and KV-cache decode per token
 	$(PY) benchmarks/families.py

@@ -22,3 +22,7 @@ def inductor_dir(tmp_path):
     d = tmp_path / "inductor"
     d.mkdir()
     return str(d)
+
+
+# a real redis-server for the remote-tier tests (tests/test_remote*.py), started once per session
+from redis_fixture import redis_factory, redis_server  # noqa: E402,F401

@@ -154,3 +154,30 @@ def test_helper_functions_and_classes_map_to_entries():
     )
     feeds, prefixes, _ = inductor_env.parse_config_source(src)
     assert feeds == {"TORCHINDUCTOR_A": {"a"}, "TORCHINDUCTOR_B": {"cpp.b"}} and prefixes == ["cpp.b"]
+
+
+def _explain(source: str, **env: str) -> str:
+    import subprocess
+    import sys
+
+    from subprocess_helpers import REPO
+
+    full = dict(os.environ, PYTHONPATH=REPO, TORCHINDUCTOR_VEC_ISA_OK="1", **env)  # as run_python's children
+    out = subprocess.run([sys.executable, "-m", "torchair_cached_backend", "explain", "--here", source],
+                         env=full, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def test_explain_here_names_what_this_machine_differs_in(caches, tmp_path):
+    """`torchair-cache explain --here` against a cache dir and a bundle of it: a non-codegen change
+    matches, a codegen variable and another version are named."""
+    from torchair_cached_backend.bundle import pack
+
+    same = _explain(caches["2"], OMP_NUM_THREADS="1", TORCHINDUCTOR_COMPILE_THREADS="1")
+    assert "matches this process" in same and "misses here" not in same, same
+    bundle = str(tmp_path / "c.tar.gz")
+    pack(caches["2"], bundle)
+    differs = _explain(bundle, TORCHINDUCTOR_CPP_MIN_CHUNK_SIZE="64", TCB_CANN_VERSION="8.0.RC1")
+    assert "compiler_factors.inductor_env.TORCHINDUCTOR_CPP_MIN_CHUNK_SIZE: None -> '64'" in differs, differs
+    assert "environment.cann: None -> '8.0.RC1'" in differs, differs

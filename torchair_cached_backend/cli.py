@@ -148,6 +148,17 @@ def cmd_validate(args: argparse.Namespace) -> int:
 def cmd_explain(args: argparse.Namespace) -> int:
     from .key import explain_difference
 
+    if args.here:  # why does this machine miss SOURCE's entries (a cache dir, a bundle, a remote)?
+        from .fleet_explain import explain_here
+
+        try:
+            lines = explain_here(args.here)
+        except Exception as exc:  # noqa: BLE001 - unreadable source: a clear error, exit 2
+            raise CliError(f"cannot read {args.here}: {type(exc).__name__}: {exc}") from None
+        print("\n".join(lines))
+        return 0
+    if not args.key_a or not args.key_b:
+        raise CliError("explain needs KEY_A KEY_B [DIR], or --here SOURCE (a cache dir, bundle or redis:// URL)")
     entries = _entries(_dir(args))
     try:
         a, b = (resolve_key(entries, k) for k in (args.key_a, args.key_b))
@@ -354,9 +365,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("validate", help="verify every checksum; quarantine broken entries")
     _with_dir(p)
     p.set_defaults(fn=cmd_validate)
-    p = sub.add_parser("explain", help="why two graph entries differ (key factors); keys as `ls` prints them")
-    p.add_argument("key_a")
-    p.add_argument("key_b")
+    p = sub.add_parser("explain", help="why two graph entries differ (key factors; keys as `ls` prints them), "
+                                       "or with --here SOURCE why this machine misses SOURCE's entries")
+    p.add_argument("key_a", nargs="?")
+    p.add_argument("key_b", nargs="?")
+    p.add_argument("--here", metavar="SOURCE", help="a cache dir, a bundle or a redis:// URL: list the machine factors "
+                                                    "(ISA, codegen env, versions...) its graphs differ in from this process")
     _with_dir(p)
     p.set_defaults(fn=cmd_explain)
     p = sub.add_parser("show", help="readable dump of cached programs under DIR")

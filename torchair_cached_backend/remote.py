@@ -130,6 +130,8 @@ class RedisRemote:
         self._client: Any = None
         self._down_until = 0.0
         self._lock = threading.Lock()
+        #: entries refused in this process (corrupt, partial, unsigned): not fetched again until republished
+        self._refused: set[tuple[str, str]] = set()
 
     def __repr__(self) -> str:
         return f"RedisRemote({redact(self.url)!r})"
@@ -286,7 +288,7 @@ class RedisRemote:
     # -- operations (none raises) --------------------------------------------
     def get(self, kind: str, key: str) -> tuple[dict[str, Any], dict[str, bytes]] | None:
         """(manifest fields, verified files) of ``kind/key``, or None (absent, refused, or a fault)."""
-        if not self.available():
+        if not self.available() or (kind, key) in self._refused:
             return None
         try:
             conn = self.client()
@@ -296,6 +298,8 @@ class RedisRemote:
             body = self._parse_record(kind, key, raw)
             files = self._fetch_blobs(conn, kind, key, body)
         except Exception as exc:  # noqa: BLE001 - any fault of the remote is a miss
+            if isinstance(exc, RemoteError):
+                self._refused.add((kind, key))
             self.fault(exc, f"read {kind}/{key[:12]}")
             return None
         return body["manifest"], files
@@ -320,6 +324,7 @@ class RedisRemote:
                 pipe.set(bkey, data)
             pipe.set(self._mkey(kind, key), raw)
             pipe.execute()
+            self._refused.discard((kind, key))
             record(remote_bytes_out=len(raw) + sum(len(v) for v in blobs.values()), remote_published=1)
             return True
         except Exception as exc:  # noqa: BLE001
@@ -360,6 +365,7 @@ class RedisRemote:
                             pipe.set(bkey, data)
                         pipe.set(mkey, raw_new)
                         pipe.execute()
+                        self._refused.discard((kind, key))
                         record(remote_bytes_out=len(raw_new) + sum(len(v) for v in blobs.values()), remote_published=1)
                         return True
                     except WatchError:
