@@ -199,6 +199,12 @@ class InductorCompiler:
         from .autograd_runtime import TrainingUnsupported, describe
 
         fn, captures, disable_amp = _compile_capturing(gm, example_inputs, options, training=True)
+        if len(captures) == 1 and captures[0].is_inference:
+            # AOTAutograd found no output to differentiate and compiled an inference graph
+            try:
+                return CompileResult(fn=fn, artifact=self._package(captures, example_inputs, disable_amp))
+            except Uncacheable as e:
+                return CompileResult(fn=fn, artifact=None, reason=str(e))
         try:
             forward = [c for c in captures if not c.is_backward and not c.is_inference]
             backward = [c for c in captures if c.is_backward]
