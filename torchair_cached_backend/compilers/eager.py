@@ -1,7 +1,9 @@
 """The ``eager`` inner compiler: the FX graph's own Python code, stored as source.
 
 It is the reference for correctness and the floor for warm-start time: loading
-is one ``exec`` of a few hundred lines, with nothing else imported.
+is one ``exec`` of a few hundred lines, with nothing else imported. Training graphs
+store AOTAutograd's partitioned forward and backward (``fw.graph.py``, ``bw.graph.py``),
+run by :mod:`.autograd_runtime`.
 """
 
 from __future__ import annotations

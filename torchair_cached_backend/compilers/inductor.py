@@ -22,8 +22,12 @@ An artifact is *lean* when calling the wrapper's ``call`` directly is equivalent
 to AOTAutograd's runtime (see :func:`_runtime_plan`) and every extern kernel is a
 plain torch callable: loading it imports neither torch._inductor nor torch._dynamo.
 Non-lean artifacts still load without compiling, via the real Inductor /
-AOTAutograd helpers. Graphs we cannot reproduce faithfully (training graphs,
-Triton kernels, tensor subclasses, ...) get ``artifact=None`` and a reason.
+AOTAutograd helpers. Graphs we cannot reproduce faithfully (Triton kernels,
+tensor subclasses, ...) get ``artifact=None`` and a reason.
+
+Training graphs (:meth:`InductorCompiler.compile_training`) store the forward's and
+the backward's wrappers (``fw.wrapper.py``, ``bw.wrapper.py``) beside their kernels in
+one artifact, run by :mod:`.autograd_runtime`.
 """
 
 from __future__ import annotations
