@@ -589,9 +589,15 @@ class TorchairCompiler:
 
         def stage(phase: str) -> Callable[..., Any]:
             def codegen(graph: torch.fx.GraphModule, inputs: list[Any]) -> Callable[..., Any]:
-                src = torchair.get_compiler(config)(graph, inputs).get_code({})
+                compiled = torchair.get_compiler(config)(graph, inputs)
+                try:  # e.g. RNG inputs (dropout): torchair generates no code for them
+                    src = compiled.get_code({})
+                except Exception as exc:  # noqa: BLE001 - then torchair's own runtime serves it, uncached
+                    parts["reason"] = f"torchair cannot generate code for the {phase} graph: {type(exc).__name__}: {exc}"
+                    return compiled
                 if not isinstance(src, str):
-                    raise RuntimeError(f"torchair codegen returned {type(src).__name__}, not Python source")
+                    parts["reason"] = f"torchair codegen returned {type(src).__name__} for the {phase} graph"
+                    return compiled
                 parts[phase] = (graph, src)
                 if phase == "forward":
                     parts["meta"] = getattr(TracingContext.try_get(), "fw_metadata", None)
@@ -616,6 +622,8 @@ class TorchairCompiler:
                 decompositions=decompositions, **kwargs,
             )
         try:
+            if "reason" in parts:
+                raise TrainingUnsupported(parts["reason"])
             if is_aclgraph_mode(config):
                 raise TrainingUnsupported(f"torchair {config_mode(config)} (aclgraph) training graphs are not cached")
             if _uses_ge_cache(options, config):
