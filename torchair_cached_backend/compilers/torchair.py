@@ -20,6 +20,11 @@ first, as torchair creates its cache dir) before GE loads the graph, as torchair
 does when it rebases a moved cache. A graph that is not cached never points GE
 into the store: its GE cache goes to a private temporary directory.
 
+Training graphs (:meth:`TorchairCompiler.compile_training`) follow torchair's
+``npu_backend`` route (its partitioner, a GE graph for the forward and one for the
+backward) and store both generated sources in one entry, run by
+:mod:`.autograd_runtime`; aclgraph modes and ``ge_cache`` apply to inference graphs.
+
 Key factors besides the config: the NPU deterministic level and hf32 flags
 (torch_npu), ``AUTOFUSE_FLAGS``, and the user's GE converters by code
 (``register_fx_node_ge_converter``): every one in the graph key, and the converters
