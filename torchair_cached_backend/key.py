@@ -451,7 +451,7 @@ def deterministic_state() -> str | list[Any]:
 TRAINING_FORMAT = 1
 
 
-def training_factors(gm: torch.fx.GraphModule) -> dict[str, Any]:
+def training_factors(gm: torch.fx.GraphModule, compiler: InnerCompiler | None = None) -> dict[str, Any]:
     """What changes AOTAutograd's joint graph and its partition, beyond the graph and its
     inputs (whose ``requires_grad`` and parameter-ness are in ``inputs``) and the grad mode /
     autocast / deterministic state (top-level factors). Audited against AOTAutograd's own
@@ -482,7 +482,7 @@ def training_factors(gm: torch.fx.GraphModule) -> dict[str, Any]:
             context_fns.append(callable_digest(context_fn))
     out: dict[str, Any] = {
         "format": TRAINING_FORMAT,
-        "partitioner": "min_cut_rematerialization",
+        "partitioner": getattr(compiler, "partitioner", "min_cut_rematerialization"),
         "functorch_config": _config_overrides("torch._functorch.config"),
     }
     if annotations:
@@ -525,7 +525,7 @@ def compute_key(
     if registries is not None:
         factors["registries"] = registries(options)
     if training:
-        factors["training"] = training_factors(gm)
+        factors["training"] = training_factors(gm, compiler)
     return digest(factors), factors
 
 

@@ -41,8 +41,9 @@ class Artifact:
 class CompileResult:
     """``fn`` serves the cold process; ``artifact`` is what a warm process loads.
 
-    ``artifact`` is None when the graph cannot be cached (e.g. it needs autograd);
-    ``reason`` then says why, for the log.
+    ``artifact`` is None when the graph cannot be cached (e.g. a training graph whose
+    outputs alias its inputs); ``reason`` then says why, for the log and
+    ``stats().uncached_reasons``.
     """
 
     __slots__ = ("fn", "artifact", "reason")
@@ -63,6 +64,16 @@ class InnerCompiler(Protocol):
     process-wide registries that cost too much to scan at every warm load (torchair's
     user GE converters); the graph key holds them, and the compiler's ``load``
     re-checks the entries its artifact used instead.
+
+    Training graphs (grad mode on, an input requires grad) go to the optional
+    ``compile_training(gm, example_inputs, options) -> CompileResult``, same contract as
+    :meth:`compile`: the compiler runs AOTAutograd with its own partitioner and stores
+    the forward and the backward in ONE artifact whose ``meta["training"]`` is the plan
+    of :func:`.autograd_runtime.describe`; its ``load`` rebuilds both parts and returns
+    :func:`.autograd_runtime.build`'s differentiable callable (the cold process runs the
+    same callable). A compiler without ``compile_training`` has its training graphs
+    compiled uncached, with one log line. Optionally ``partitioner``: the name of the
+    partitioner it uses, a key factor of training graphs.
     """
 
     #: stable name used in keys, manifests and the ``compiler`` option

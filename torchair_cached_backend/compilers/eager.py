@@ -1,7 +1,9 @@
 """The ``eager`` inner compiler: the FX graph's own Python code, stored as source.
 
 It is the reference for correctness and the floor for warm-start time: loading
-is one ``exec`` of a few hundred lines, with nothing else imported.
+is one ``exec`` of a few hundred lines, with nothing else imported. Training graphs
+store AOTAutograd's partitioned forward and backward (``fw.graph.py``, ``bw.graph.py``),
+run by :mod:`.autograd_runtime`.
 """
 
 from __future__ import annotations
@@ -82,6 +84,10 @@ class EagerCompiler:
             )
         from .autograd_runtime import TrainingUnsupported, describe
 
+        if "forward" in parts and "backward" not in parts and _no_output_needs_grad(parts["meta"]):
+            # AOTAutograd found nothing to differentiate and compiled an inference graph: the
+            # Dynamo graph as Python, run under grad mode, is exactly that
+            return self.compile(gm, example_inputs, options)
         try:
             if "forward" not in parts or "backward" not in parts:
                 raise _Uncacheable("AOTAutograd did not produce a forward and a backward graph")
@@ -123,6 +129,10 @@ FW, BW = "fw.", "bw."
 
 class _Uncacheable(Exception):
     pass
+
+
+def _no_output_needs_grad(meta: Any) -> bool:
+    return meta is not None and not any(o.requires_grad for o in meta.output_info)
 
 
 def _placeholders(graph: Any) -> int:

@@ -23,8 +23,12 @@ An artifact is *lean* when calling the wrapper's ``call`` directly is equivalent
 to AOTAutograd's runtime (see :func:`_runtime_plan`) and every extern kernel is a
 plain torch callable: loading it imports neither torch._inductor nor torch._dynamo.
 Non-lean artifacts still load without compiling, via the real Inductor /
-AOTAutograd helpers. Graphs we cannot reproduce faithfully (training graphs,
-Triton kernels, tensor subclasses, ...) get ``artifact=None`` and a reason.
+AOTAutograd helpers. Graphs we cannot reproduce faithfully (Triton kernels,
+tensor subclasses, ...) get ``artifact=None`` and a reason.
+
+Training graphs (:meth:`InductorCompiler.compile_training`) store the forward's and
+the backward's wrappers (``fw.wrapper.py``, ``bw.wrapper.py``) beside their kernels in
+one artifact, run by :mod:`.autograd_runtime`.
 """
 
 from __future__ import annotations
@@ -195,6 +199,12 @@ class InductorCompiler:
         from .autograd_runtime import TrainingUnsupported, describe
 
         fn, captures, disable_amp = _compile_capturing(gm, example_inputs, options, training=True)
+        if len(captures) == 1 and captures[0].is_inference:
+            # AOTAutograd found no output to differentiate and compiled an inference graph
+            try:
+                return CompileResult(fn=fn, artifact=self._package(captures, example_inputs, disable_amp))
+            except Uncacheable as e:
+                return CompileResult(fn=fn, artifact=None, reason=str(e))
         try:
             forward = [c for c in captures if not c.is_backward and not c.is_inference]
             backward = [c for c in captures if c.is_backward]

@@ -20,6 +20,11 @@ first, as torchair creates its cache dir) before GE loads the graph, as torchair
 does when it rebases a moved cache. A graph that is not cached never points GE
 into the store: its GE cache goes to a private temporary directory.
 
+Training graphs (:meth:`TorchairCompiler.compile_training`) follow torchair's
+``npu_backend`` route (its partitioner, a GE graph for the forward and one for the
+backward) and store both generated sources in one entry, run by
+:mod:`.autograd_runtime`; aclgraph modes and ``ge_cache`` apply to inference graphs.
+
 Key factors besides the config: the NPU deterministic level and hf32 flags
 (torch_npu), ``AUTOFUSE_FLAGS``, and the user's GE converters by code
 (``register_fx_node_ge_converter``): every one in the graph key, and the converters
@@ -318,6 +323,27 @@ def _first_call_points_caches(module: types.ModuleType, files_dir: str | None, g
     return first_call
 
 
+#: file-name prefixes of a training artifact's forward and backward code
+FW_PREFIX, BW_PREFIX = "fw.", "bw."
+
+
+def _count(graph: Any, op: str) -> int:
+    return sum(1 for n in graph.graph.nodes if n.op == op)
+
+
+def _num_outputs(graph: Any) -> int:
+    out = next(n for n in reversed(graph.graph.nodes) if n.op == "output")
+    value = out.args[0]
+    return len(value) if isinstance(value, (list, tuple)) else 1
+
+
+def _boxed(kernel: Callable[..., Any]) -> Callable[[list[Any]], Any]:
+    def boxed(args: list[Any]) -> Any:
+        return kernel(*args)
+
+    return boxed
+
+
 def _exec_source(files: dict[str, bytes], name: str) -> types.ModuleType:
     module = types.ModuleType(name)
     exec(pycode.load_code(files, name, f"<npu_cached torchair graph {name}>"), module.__dict__)  # noqa: S102
@@ -533,6 +559,112 @@ class TorchairCompiler:
         pycode.precompile(files, SOURCE, f"<npu_cached torchair graph {SOURCE}>")
         return CompileResult(fn, Artifact(files=files, meta=meta))
 
+    #: the partitioner torchair's npu_backend uses for training graphs (a key factor)
+    partitioner = "default_partition (torchair npu_backend)"
+
+    def compile_training(
+        self, gm: torch.fx.GraphModule, example_inputs: list[Any], options: BackendOptions
+    ) -> CompileResult:
+        """torchair's training route (``npu_backend``: its decompositions, AOTAutograd with its
+        partitioner, one GE graph for the forward and one for the backward), each stored as
+        the code torchair generates, with the plan :mod:`.autograd_runtime` runs them with.
+        ``ge_cache`` and aclgraph modes apply to inference graphs only: such training graphs
+        are compiled uncached, with the reason."""
+        import torch
+        import torchair
+        from torch._functorch import config as functorch_config
+        from torch._functorch.aot_autograd import aot_module_simplified
+        from torch._guards import TracingContext
+        from torchair import npu_fx_compiler as nfc
+
+        from .autograd_runtime import TrainingUnsupported, describe
+
+        config = _default_config(options)
+        _install_deterministic_guard()
+        try:
+            from torchair.configs.compiler_config import _check_config_support
+
+            _check_config_support(config)
+        except ImportError:
+            pass
+        decompositions = nfc._get_merged_decompositions(config, dict(options.custom_decompositions or {}))
+        if hasattr(nfc, "_process_send_recv"):
+            nfc._process_send_recv(gm, config)
+        parts: dict[str, Any] = {}
+
+        def stage(phase: str) -> Callable[..., Any]:
+            def codegen(graph: torch.fx.GraphModule, inputs: list[Any]) -> Callable[..., Any]:
+                compiled = torchair.get_compiler(config)(graph, inputs)
+                try:  # e.g. RNG inputs (dropout): torchair generates no code for them
+                    src = compiled.get_code({})
+                except Exception as exc:  # noqa: BLE001 - then torchair's own runtime serves it, uncached
+                    parts["reason"] = f"torchair cannot generate code for the {phase} graph: {type(exc).__name__}: {exc}"
+                    return compiled
+                if not isinstance(src, str):
+                    parts["reason"] = f"torchair codegen returned {type(src).__name__} for the {phase} graph"
+                    return compiled
+                parts[phase] = (graph, src)
+                if phase == "forward":
+                    parts["meta"] = getattr(TracingContext.try_get(), "fw_metadata", None)
+                return _exec_source({SOURCE: src.encode()}, SOURCE).kernel
+
+            compiler: Callable[..., Any] = codegen
+            if phase == "forward":
+                if hasattr(nfc, "_wrap_compiler"):
+                    compiler = nfc._wrap_compiler(compiler, config, len(example_inputs), phase)
+                if hasattr(nfc, "_get_inputs_custom_attr") and hasattr(nfc, "_set_inputs_custom_attr_to_compiler"):
+                    compiler = nfc._set_inputs_custom_attr_to_compiler(compiler, nfc._get_inputs_custom_attr(example_inputs))
+            if hasattr(nfc, "wrap_compiler_phase"):
+                compiler = nfc.wrap_compiler_phase(compiler, phase)
+            return compiler
+
+        partition = nfc._get_partition_fn(config) if hasattr(nfc, "_get_partition_fn") else None
+        kwargs: dict[str, Any] = {"partition_fn": partition} if partition is not None else {}
+        with functorch_config.patch(enable_autograd_cache=False, force_non_lazy_backward_lowering=True):
+            fn = aot_module_simplified(
+                gm, example_inputs, fw_compiler=stage("forward"), bw_compiler=stage("backward"),
+                keep_inference_input_mutations=bool(config.experimental_config.keep_inference_input_mutations),
+                decompositions=decompositions, **kwargs,
+            )
+        try:
+            if "reason" in parts:
+                raise TrainingUnsupported(parts["reason"])
+            if is_aclgraph_mode(config):
+                raise TrainingUnsupported(f"torchair {config_mode(config)} (aclgraph) training graphs are not cached")
+            if _uses_ge_cache(options, config):
+                raise TrainingUnsupported("ge_cache applies to inference graphs; this training graph is not cached")
+            if "forward" not in parts or "backward" not in parts:
+                raise TrainingUnsupported("AOTAutograd did not produce a forward and a backward graph")
+            (fw, fw_src), (bw, bw_src) = parts["forward"], parts["backward"]
+            plan = describe(parts["meta"], len(example_inputs), _count(fw, "placeholder"), _num_outputs(fw),
+                            _count(bw, "placeholder"))
+        except TrainingUnsupported as exc:
+            return CompileResult(fn, None, str(exc))
+        files: dict[str, bytes] = {}
+        for prefix, src in ((FW_PREFIX, fw_src), (BW_PREFIX, bw_src)):
+            files[prefix + SOURCE] = src.encode()
+            pycode.precompile(files, prefix + SOURCE, f"<npu_cached torchair graph {prefix}{SOURCE}>")
+        meta = {
+            "format": FORMAT,
+            "mode": config_mode(config),
+            "training": plan,
+            "disable_amp": bool(torch._C._is_any_autocast_enabled()),
+            "ge_cache": False,
+            "converters": {**_graph_converters(fw), **_graph_converters(bw)},
+        }
+        artifact = Artifact(files=files, meta=meta)
+        return CompileResult(self._load_training(artifact), artifact)
+
+    def _load_training(self, artifact: Artifact) -> Callable[..., Any]:
+        from .autograd_runtime import build
+        from .stored_tensors import real_tensors
+
+        with real_tensors():  # module-level code must see real tensors, even inside Dynamo's backend call
+            fw, bw = (_exec_source({name[len(prefix):]: blob for name, blob in artifact.files.items()
+                                    if name.startswith(prefix)}, SOURCE) for prefix in (FW_PREFIX, BW_PREFIX))
+        return build(_boxed(fw.kernel), _boxed(bw.kernel), artifact.meta["training"],
+                     bool(artifact.meta.get("disable_amp")))
+
     @staticmethod
     def _cold_files_dir(gm: Any, example_inputs: list[Any], options: BackendOptions) -> str:
         """Where the entry being compiled will live, so GE's (or the static kernels')
@@ -561,6 +693,8 @@ class TorchairCompiler:
         if stale:
             raise ValueError("GE converters changed since this graph was built: " + "; ".join(stale[:5]))
         _install_deterministic_guard()
+        if meta.get("training") is not None:
+            return self._load_training(artifact)
         from .stored_tensors import real_tensors
 
         with real_tensors():  # inside Dynamo's backend call: module-level code must see real tensors
