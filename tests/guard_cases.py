@@ -1590,6 +1590,7 @@ class HashStr(Case):
     error_words = ("hash",)
     compilers = ("eager",)
     uncached_with = {"eager": "hash(str) differs per process: the frame is not replayable (a counted fallback)"}
+    eager_imports_dynamo = True  # even unchanged it is compiled (by Dynamo) at every start
 
     def build(self, phase, workdir):
         return {"main": seeded(HashModel)}
