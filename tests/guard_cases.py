@@ -1750,6 +1750,7 @@ LOAD_ROUTE = (
     "cond_branches", "option_dropped", "option_kept", "option_added", "nested_list", "two_instances",
     "param_double", "buffer_added",
     "method_patched", "base_switched", "allow_in_graph_edit", "custom_op_edit", "fx_submodule", "dist_rank",
+    "dist_initialized", "env_read",
     "numpy_attr", "default_device", "kv_cache_load", "kv_cache_call",
 )
 
