@@ -161,3 +161,34 @@ def test_hash_of_a_str_is_never_replayed_and_the_fallback_says_why(run, tmp_path
     assert run(HASHED, env=dict(fixed, PHASE="cold"))["ok"]
     replayed = run(HASHED, env=dict(fixed, PHASE="warm"))
     assert replayed["ok"] and replayed["frames"] == 0 and replayed["stats"]["bypass_loads"] == 1, replayed["stats"]
+
+
+SCALE = 2.0
+
+
+def scaled_helper(h):
+    return h * SCALE
+
+
+def test_call_target_factors_describe_helpers_by_code_and_globals(monkeypatch):
+    """In-process: a graph that calls a helper by reference keys it by its code and the
+    globals it reads, and ``stale_call_targets`` finds an edit in another process's terms."""
+    import sys
+
+    import torch
+    import torch.fx
+
+    from torchair_cached_backend import key as keys
+
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    graph.output(graph.call_function(scaled_helper, (x,)))
+    gm = torch.fx.GraphModule(torch.nn.Module(), graph)
+    targets = keys.call_target_factors(gm)
+    name = f"{__name__}.scaled_helper"
+    assert list(targets) == [name] and targets[name]["kind"] == "function", targets
+    before = keys.digest(keys.graph_factors(gm))
+    assert keys.stale_call_targets(targets) == []
+    monkeypatch.setattr(sys.modules[__name__], "SCALE", 3.0)
+    assert keys.digest(keys.graph_factors(gm)) != before
+    assert keys.stale_call_targets(targets) == [f"{name} (called by the graph) was edited"]
