@@ -1590,6 +1590,7 @@ class HashStr(Case):
     error_words = ("hash",)
     compilers = ("eager",)
     uncached_with = {"eager": "hash(str) differs per process: the frame is not replayable (a counted fallback)"}
+    eager_imports_dynamo = True  # even unchanged it is compiled (by Dynamo) at every start
 
     def build(self, phase, workdir):
         return {"main": seeded(HashModel)}
@@ -1749,6 +1750,7 @@ LOAD_ROUTE = (
     "cond_branches", "option_dropped", "option_kept", "option_added", "nested_list", "two_instances",
     "param_double", "buffer_added",
     "method_patched", "base_switched", "allow_in_graph_edit", "custom_op_edit", "fx_submodule", "dist_rank",
+    "dist_initialized", "env_read",
     "numpy_attr", "default_device", "kv_cache_load", "kv_cache_call",
 )
 

@@ -63,6 +63,28 @@ and a fresh process runs the remaining ones.
 | param_double | parameter dtype float32 -> float64 via `.double()` |
 | buffer_added | a buffer added (the forward adds every buffer) |
 | buffer_renamed | a buffer renamed (the forward weighs buffers by their name) |
+| method_patched | a method monkeypatched onto the class at run time in the cold process only (`PatchNet.act = patched_act`) |
+| base_switched | the base class switched (`SwitchNet.__bases__` ActBaseA -> ActBaseB, each with its own `act`) |
+| subclass_override | an override of `act` added in the subclass (source file edited; the base's `act` unchanged) |
+| allow_in_graph_edit | the body of a `torch._dynamo.allow_in_graph` helper edited (the graph names it only) |
+| custom_op_edit | the Python `CompositeImplicitAutograd` kernel of a `torch.library` op edited (the graph names the op only) |
+| dataclass_default | an edited `@dataclass` field default (its `__init__` is generated code in `<string>`) |
+| fx_submodule | a torch.fx GraphModule submodule re-traced from other code (`<eval_with_key>` forward) |
+| env_read | an environment variable read in forward (`os.environ.get`): unset cold, set warm |
+| dist_initialized | `dist.is_initialized()` in forward: cached in a plain process, served inside a (fake) process group |
+| dist_rank | `dist.get_rank()` in forward: cached by rank 1, served to rank 0 from the same cache dir |
+| hash_str | `hash(str)` in forward (randomized per process: never replayed, a counted fallback) |
+| numpy_attr | a numpy float attribute `self.scale = 1 / np.sqrt(d)`, d 4 -> 16 (must replay) |
+| numpy_arg | a numpy array argument: new values, then a new shape (must replay the cached shape) |
+| default_device | `torch.set_default_device("cpu")` in the cold script only (the unchanged start must replay) |
+| kv_cache_load | a self-growing cache attribute (`self.cache = torch.cat(...)` in forward), 3 decode steps per process |
+| kv_cache_call | the same with `guards="call"` (every variant checked per call, none rejected at load) |
+
+Cases marked pure guard checks (``Case.compilers``) run with the `eager` inner compiler only: the
+check is the same with Inductor; the cases where the compiled artifact itself differs
+(`allow_in_graph_edit`, `custom_op_edit`, `kv_cache_load`) run with both, on both routes. Warm
+`torch.compile` (graph-level hits) after such edits, and two ranks sharing one cache dir, are in
+tests/test_stale_round3.py.
 
 Not covered: a parameter's device (only the CPU exists here). `cond_branches` with the `eager`
 compiler is compiled even unchanged: that compiler does not cache graphs holding torch.cond

@@ -116,3 +116,79 @@ def test_two_ranks_sharing_one_cache_dir_get_their_own_variant(run, tmp_path):
     assert warm0["frames"] == 0 and warm0["stats"]["bypass_loads"] == 1, warm0["stats"]  # rank 0's own variant
     warm1 = run(RANKS, env=dict(env, RANK="1", ROUTE="load"))
     assert warm1["ok"] and warm1["frames"] == 0 and warm1["stats"]["bypass_loads"] == 1, warm1["stats"]
+
+
+HASHED = textwrap.dedent(
+    """
+    import os
+    import torch
+    import torchair_cached_backend as tcb
+    from child_helpers import LOGS, frames, stats
+
+    class Hashed(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.lin = torch.nn.Linear(8, 8)
+
+        def forward(self, x):
+            return self.lin(x) * float(hash("npu_cached") % 5 + 1)
+
+    m = Hashed().eval()
+    x = torch.randn(4, 8)
+    with torch.no_grad():
+        if os.environ["PHASE"] == "cold":
+            f = torch.compile(m, backend="npu_cached", options={"cache_dir": os.environ["ROOT"], "compiler": "eager"})
+        else:
+            f = tcb.load(m, os.environ["ROOT"], compiler="eager")
+        ok = bool(torch.allclose(f(x), m(x)))
+    emit({"ok": ok, "frames": frames(), "stats": stats(), "logs": LOGS})
+    """
+)
+
+
+def test_hash_of_a_str_is_never_replayed_and_the_fallback_says_why(run, tmp_path):
+    """``hash(str)`` is randomized per process and Dynamo folds it in: the frame is refused at
+    capture, and every warm start compiles it as a counted fallback naming the reason; with
+    ``PYTHONHASHSEED`` fixed, the seed is checked and the frame replays."""
+    env = {"ROOT": str(tmp_path / "random"), "PYTHONHASHSEED": "random"}
+    assert run(HASHED, env=dict(env, PHASE="cold"))["ok"]
+    warm = run(HASHED, env=dict(env, PHASE="warm"))
+    assert warm["ok"] and warm["frames"] == 1, warm
+    assert warm["stats"]["fallback_reasons"] == {"not replayable": 1}, warm["stats"]
+    assert any("hash()" in line and "PYTHONHASHSEED" in line for line in warm["logs"]), warm["logs"]
+    fixed = {"ROOT": str(tmp_path / "fixed"), "PYTHONHASHSEED": "7"}
+    assert run(HASHED, env=dict(fixed, PHASE="cold"))["ok"]
+    replayed = run(HASHED, env=dict(fixed, PHASE="warm"))
+    assert replayed["ok"] and replayed["frames"] == 0 and replayed["stats"]["bypass_loads"] == 1, replayed["stats"]
+
+
+SCALE = 2.0
+
+
+def scaled_helper(h):
+    return h * SCALE
+
+
+def test_call_target_factors_describe_helpers_by_code_and_globals(monkeypatch):
+    """In-process: a graph that calls a helper by reference keys it by its code and the
+    globals it reads, and ``stale_call_targets`` finds an edit in another process's terms."""
+    import sys
+
+    import torch
+    import torch.fx
+
+    from torchair_cached_backend import key as keys
+
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    graph.output(graph.call_function(scaled_helper, (x,)))
+    gm = torch.fx.GraphModule(torch.nn.Module(), graph)
+    targets = keys.call_target_factors(gm)
+    name = f"{__name__}.scaled_helper"
+    assert list(targets) == [name] and targets[name]["kind"] == "function", targets
+    before = keys.digest(keys.graph_factors(gm))
+    assert keys.stale_call_targets(targets) == []
+    monkeypatch.setattr(sys.modules[__name__], "SCALE", 3.0)
+    assert keys.digest(keys.graph_factors(gm)) != before
+    assert keys.stale_call_targets(targets) == [f"{name} (called by the graph) was edited"]

@@ -123,6 +123,24 @@ def _fn_digest(fn: Any) -> str:
     fp = _code_fp(code)
     if not (fn.__defaults__ or fn.__kwdefaults__ or fn.__closure__):
         return fp
+    try:  # per call (guards="call"): the same objects bound give the same digest
+        bound = (fn, code, fn.__defaults__, fn.__kwdefaults__, *(c.cell_contents for c in fn.__closure__ or ()))
+    except ValueError:  # an empty cell
+        bound = None
+    key = tuple(map(id, bound)) if bound is not None else None
+    hit = _digest_memo.get(key) if key is not None else None
+    if hit is not None and all(a is b for a, b in zip(hit[0], bound, strict=True)):
+        return hit[1]
+    value = fp + ":" + _bound_digest(fn)
+    if key is not None:  # the entry holds what it was made from: its ids stay unique
+        _digest_memo[key] = (bound, value)
+    return value
+
+
+_digest_memo: dict[Any, tuple[Any, str]] = {}
+
+
+def _bound_digest(fn: Any) -> str:
     import hashlib
     import json
 
@@ -135,7 +153,7 @@ def _fn_digest(fn: Any) -> str:
         except ValueError:  # an empty cell
             cells.append("<empty>")
     bound = [describe_value(fn.__defaults__), describe_value(fn.__kwdefaults__), cells]
-    return fp + ":" + hashlib.sha256(json.dumps(bound, sort_keys=True, default=str).encode()).hexdigest()[:32]
+    return hashlib.sha256(json.dumps(bound, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
 
 def _dist_state() -> tuple[Any, ...]:

@@ -23,6 +23,8 @@ DIST_FUNCTIONS = frozenset({
     "get_rank", "get_world_size", "is_initialized", "get_global_rank", "get_node_local_rank",
     "get_process_group_ranks", "get_group_rank", "get_backend", "is_available",
 })
+#: of those, the names specific enough to look for in bytecode (``is_available`` is also CUDA's...)
+_DIST_NAMES = DIST_FUNCTIONS - {"is_available", "get_backend"}
 _ENV_NAMES = frozenset({"environ", "getenv", "environb", "getenvb"})
 _LOADS = frozenset({"LOAD_GLOBAL", "LOAD_NAME", "LOAD_ATTR", "LOAD_METHOD", "IMPORT_FROM", "LOAD_DEREF"})
 _ENV_VAR = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
@@ -76,7 +78,7 @@ def process_state_reads(codes: list[types.CodeType], values: list[object]) -> St
     for root in codes:
         for code in _walk(root, seen):
             attrs = {ins.argval for ins in dis.get_instructions(code) if ins.opname in _LOADS and isinstance(ins.argval, str)}
-            if attrs & DIST_FUNCTIONS:
+            if attrs & _DIST_NAMES:
                 reads.dist = True
             if attrs & _ENV_NAMES:
                 reads.env.update(c for c in code.co_consts if isinstance(c, str) and _ENV_VAR.fullmatch(c))
