@@ -226,3 +226,75 @@ def case_staticmethod(phase: str, d: str) -> dict:
     x = torch.randn(2, 4)
     f = serve(Ops.scale, phase, d)
     return {"ok": close(f(x), Ops.scale(x)) and close(f(x, 2.0), Ops.scale(x, 2.0))}
+
+
+# -- 2. a graph break inside a submodule's forward or a helper -------------------------------
+
+
+class NoisyLayer(nn.Module):
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.n = n
+
+    def forward(self, x):
+        y = self.lin(x).relu()
+        if self.n == 1:
+            print("layer", self.n, "mean", float(y.mean()))  # .item() + print: graph breaks inside the layer
+        return y + x
+
+
+class WithNoisyLayers(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.layers = nn.ModuleList(NoisyLayer(i) for i in range(3))
+        self.head = nn.Linear(4, 2)
+
+    def helper(self, y):
+        print("helper")  # a graph break inside a helper method
+        return y * 2.0
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(self.helper(x))
+
+
+def case_break_in_submodule(phase: str, d: str) -> dict:
+    m, x = WithNoisyLayers().eval(), torch.randn(2, 4)
+    f = serve(m, phase, d)
+    return {"ok": close(f(x), m(x)) and close(f(x), m(x))}
+
+
+# -- 6. several instances of one class with a graph break (torchair-style per-layer) ----------
+
+
+class CachedLayer(nn.Module):
+    def __init__(self, i: int, cache_dir: str) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.k = float(i + 1)
+        self.cached = tcb.cache_compile(self.inner_forward, cache_dir=cache_dir, compiler="eager")
+
+    def inner_forward(self, x):
+        y = self.lin(x) * self.k
+        torch._dynamo.graph_break()
+        return (y + self.k).relu()
+
+    def forward(self, x):
+        return self.cached(x)
+
+
+def case_instances_with_break(phase: str, d: str) -> dict:
+    torch.manual_seed(0)
+    layers = [CachedLayer(i, d) for i in range(6)]
+    x = torch.randn(2, 4)
+    ok = True
+    for _ in range(2):
+        y = x
+        for layer in layers:
+            out = layer(y)
+            ok = ok and close(out, layer.inner_forward(y))
+            y = out
+    return {"ok": ok}

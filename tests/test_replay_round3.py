@@ -12,7 +12,8 @@ from __future__ import annotations
 import pytest
 
 CASES = ("global_hook", "forward_assigned", "generate", "buckets_default_bound", "buckets_max_variants",
-         "print_first", "cond", "checkpoint", "local_class", "staticmethod")
+         "print_first", "cond", "checkpoint", "local_class", "staticmethod",
+         "instances_with_break")
 
 CHILD = """
 import os, sys, traceback
@@ -186,3 +187,13 @@ def test_local_class_and_staticmethod_replay(outcome, name):
     assert cold["frames"] >= 1, cold
     _replayed(warm)
     _replayed(warm2)
+
+
+def test_instances_of_one_class_with_a_graph_break_each_replay(outcome):
+    """Six layers, each with its own cache_compile of a method with a graph break: the
+    code after the break replays for every instance (the shared resume global routes by
+    instance), none runs eagerly."""
+    cold, warm, warm2 = _cases(outcome, "instances_with_break")
+    _replayed(warm)
+    _replayed(warm2)
+    assert warm["stats"]["bypass_loads"] == 6, _why(warm)

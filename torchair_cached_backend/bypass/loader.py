@@ -33,7 +33,7 @@ from ..stats import record, record_fallback
 from .dynamo_stub import module_for
 from .guard_runtime import CHECKS_FORMAT, GuardChecks, build_checks, receiver_locals
 from .program import PROGRAM_FORMAT, function_identity, program_key, program_store, type_path
-from .replay import ReplayedFunction, ResumeDispatch, ResumeFactory, Variant, always
+from .replay import ReplayedFunction, ResumeDispatch, ResumeFactory, ResumeRouter, Variant, always
 from .sources import stale_sources, tensor_state, tensor_state_difference
 
 
@@ -296,7 +296,7 @@ class _ReplayBuilder:
             if kind == "graph":
                 value: Any = self._graph(desc["key"], desc["compiler"])
             elif kind == "resume":
-                value = self._resume(desc["origin"])
+                value = self._resume(desc["origin"], name)
             elif kind in ("module", "builtins", "value"):
                 value = self._light_value(desc)
             else:
@@ -306,7 +306,7 @@ class _ReplayBuilder:
         return out
 
     # -- resume groups --------------------------------------------------
-    def _resume(self, origin: str) -> Any:
+    def _resume(self, origin: str, global_name: str = "") -> Any:
         group = self.program.get("resumes", {}).get(origin)
         if group is None:
             raise _Rejected(f"resume function {origin} is missing from the program")
@@ -328,8 +328,31 @@ class _ReplayBuilder:
             variants.append((always if checks is None else self._per_call(checks), code))
         variants.reverse()  # newest first
         if group.get("factory"):
-            return ResumeFactory(variants, eager, self.scope, group["name"])
-        return ResumeDispatch(variants, eager, self.scope, group["name"])
+            dispatch: Any = ResumeFactory(variants, eager, self.scope, group["name"])
+        else:
+            dispatch = ResumeDispatch(variants, eager, self.scope, group["name"])
+        return self._routed(group, eager, dispatch, global_name)
+
+    def _routed(self, group: dict[str, Any], eager: types.CodeType, dispatch: Any, global_name: str) -> Any:
+        """The resume global is one name in the module's globals: when its variants check
+        this receiver, route by receiver, so every instance's replay keeps its own."""
+        receiver = None
+        for fid in group.get("frames", []):
+            receiver = ((self.frames.get(fid) or {}).get("guards") or {}).get("receiver") or receiver
+        if self.bound_self is None or receiver is None or not receiver.endswith("']"):
+            return dispatch
+        name = receiver.split("'")[1]
+        if name not in eager.co_varnames[: eager.co_argcount]:
+            return dispatch
+        index = eager.co_varnames.index(name)
+        router = self.scope.get(global_name)
+        if not (isinstance(router, ResumeRouter) and router.index == index and router.eager == eager):
+            router = ResumeRouter(index, bool(group.get("factory")), eager, self.scope, group["name"])
+        try:
+            router.add(self.bound_self, dispatch)
+        except TypeError:  # a receiver without weak references: one dispatch, as before
+            return dispatch
+        return router
 
     # -- graphs ---------------------------------------------------------
     def _graph(self, key: str, compiler_name: str) -> Callable[..., Any]:

@@ -10,6 +10,7 @@ call, so it is kept short; building these objects is ``loader``'s job.
 from __future__ import annotations
 
 import types
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -241,6 +242,58 @@ class ResumeFactory:
         return resume
 
 
+class ResumeRouter:
+    """Stands in for a resume function whose variants check the receiver, when several
+    instances of one class are replayed (one module global, e.g. the layers of a model
+    each with its own ``cache_compile``): each call goes to the dispatch built for the
+    instance it receives (argument ``index``); an instance no replay was built for runs
+    the original continuation eagerly (a counted fallback)."""
+
+    __slots__ = ("index", "factory", "routes", "eager", "scope", "name")
+
+    def __init__(self, index: int, factory: bool, eager: types.CodeType, scope: dict[str, Any], name: str) -> None:
+        self.index = index
+        self.factory = factory
+        self.routes: dict[int, tuple[Any, Any]] = {}
+        self.eager = eager
+        self.scope = scope
+        self.name = name
+
+    def add(self, receiver: Any, target: Any) -> None:
+        self.routes[id(receiver)] = (weakref.ref(receiver), target)
+
+    def _route(self, args: tuple[Any, ...]) -> Any:
+        if len(args) > self.index:
+            route = self.routes.get(id(args[self.index]))
+            if route is not None and route[0]() is args[self.index]:
+                return route[1]
+        return None
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.factory:  # called with the cells; returns the resume function
+            cells = args[0]
+
+            def resume(*a: Any, **k: Any) -> Any:
+                target = self._route(a)
+                if target is None:
+                    _eager_resume(self.name)
+                    return types.FunctionType(self.eager, self.scope, self.name, None, cells)(*a, **k)
+                return target(cells)(*a, **k)
+
+            return resume
+        target = self._route(args)
+        if target is None:
+            _eager_resume(self.name)
+            return types.FunctionType(self.eager, self.scope, self.name)(*args, **kwargs)
+        return target(*args, **kwargs)
+
+
+_eager_counted: set[str] = set()
+
+
 def _eager_resume(name: str) -> None:
+    if name not in _eager_counted:
+        _eager_counted.add(name)
+        record_fallback("code after a graph break runs eagerly (no cached variant fits)")
     warn_once(f"eager-resume:{name}", "npu_cached: no cached variant of the code after a graph break (%s) fits; "
-              "it runs eagerly (correct, not compiled)", name)
+              "it runs eagerly (correct, not compiled; counted in stats().fallbacks)", name)
