@@ -261,10 +261,30 @@ class WithNoisyLayers(nn.Module):
         return self.head(self.helper(x))
 
 
+class Sandwich(nn.Module):
+    """Dynamo compiles this frame and breaks at the call of the noisy layer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(1)
+        self.pre = nn.Linear(4, 4)
+        self.mid = NoisyLayer(1)
+        self.post = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.post(self.mid(self.pre(x).sin())).cos()
+
+
 def case_break_in_submodule(phase: str, d: str) -> dict:
-    m, x = WithNoisyLayers().eval(), torch.randn(2, 4)
-    f = serve(m, phase, d)
-    return {"ok": close(f(x), m(x)) and close(f(x), m(x))}
+    """A graph break inside a layer's forward and inside a helper: the root frame is
+    skipped by Dynamo (the break is in a loop over layers) or compiled with a break at
+    the layer's call; either way the callees' own programs replay."""
+    ok = True
+    for name, m in (("loop", WithNoisyLayers().eval()), ("sandwich", Sandwich().eval())):
+        x = torch.randn(2, 4)
+        f = serve(m, phase, f"{d}_{name}")
+        ok = ok and close(f(x), m(x)) and close(f(x), m(x))
+    return {"ok": ok}
 
 
 # -- 6. several instances of one class with a graph break (torchair-style per-layer) ----------

@@ -13,7 +13,7 @@ import pytest
 
 CASES = ("global_hook", "forward_assigned", "generate", "buckets_default_bound", "buckets_max_variants",
          "print_first", "cond", "checkpoint", "local_class", "staticmethod",
-         "instances_with_break")
+         "instances_with_break", "break_in_submodule")
 
 CHILD = """
 import os, sys, traceback
@@ -197,3 +197,12 @@ def test_instances_of_one_class_with_a_graph_break_each_replay(outcome):
     _replayed(warm)
     _replayed(warm2)
     assert warm["stats"]["bypass_loads"] == 6, _why(warm)
+
+
+def test_graph_break_inside_a_layer_or_helper_replays(outcome):
+    """The callee's own program (stored cold) is installed and replayed warm: no Dynamo
+    frame, nothing eager, for a root Dynamo skipped and for one it compiled."""
+    cold, warm, warm2 = _cases(outcome, "break_in_submodule")
+    _replayed(warm)
+    _replayed(warm2)
+    assert warm["stats"]["bypass_loads"] == 7, _why(warm)  # 2 roots, 3 + 1 layers, 1 helper

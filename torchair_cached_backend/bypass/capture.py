@@ -20,12 +20,15 @@ from __future__ import annotations
 import builtins
 import hashlib
 import json
+import os
 import re
 import sys
 import threading
 import time
 import types
 from typing import Any
+
+import torch
 
 from .. import code_codec
 from ..cached_graph import CachedGraph
@@ -54,6 +57,11 @@ DYNAMO_PREFIXES = ("__compiled_fn", "__import_", "___module_", "__builtins_dict_
 #: (not ``_dynamo_static_input_type``: Dynamo itself sets it on parameters while tracing)
 _TORCHAIR_TENSOR_ATTRS = ("dim_gears",)
 _BY_ID = re.compile(r"_\d+_c\d+$")  # Dynamo's install_global_by_id names
+#: id(transformed code) -> (code, builder, receiver name): recorded frames, to find who calls a compiled method
+_out_codes: dict[int, tuple[types.CodeType, ProgramBuilder, str | None]] = {}
+_INTERNAL_DIRS = (os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,
+                  os.path.dirname(os.path.abspath(torch.__file__)) + os.sep)
+_EVAL_FRAME = os.path.join("_dynamo", "eval_frame.py")
 #: bumped on every frame Dynamo transforms, so callers can skip re-checking when nothing compiled
 generation = 0
 
@@ -91,9 +99,15 @@ class ProgramBuilder:
         self.files: dict[str, bytes] = {}
         self.variants: list[dict[str, Any]] = []
         self.resumes: dict[str, dict[str, Any]] = {}
+        #: methods compiled on their own and called by this function ({"path": submodule, "attr": name})
+        self.callees: list[dict[str, str]] = []
+        #: Dynamo skipped this function's own frame (it runs as Python, its callees replayed)
+        self.eager_root = False
 
     def program(self) -> dict[str, Any]:
         return {
+            "callees": self.callees,
+            "eager_root": self.eager_root,
             "format": PROGRAM_FORMAT,
             "function": self.identity,
             "fingerprint": self.fingerprint,
@@ -196,6 +210,7 @@ def _record(code: types.CodeType, out_code: types.CodeType) -> None:
             if first is not None and first.options is not None and first.options.cache_dir != builder.cache_dir:
                 continue  # this compile of the resume code belongs to another backend's cache
             fid = _add_frame(builder, code, out_code, output, names, graphs, receiver, resume_of=origin)
+            _out_codes[id(out_code)] = (out_code, builder, _receiver_name(receiver))
             group = builder.resumes[origin]
             if fid not in group["frames"]:
                 group["frames"].append(fid)
@@ -229,11 +244,99 @@ def _record(code: types.CodeType, out_code: types.CodeType) -> None:
                                  getattr(options, "max_variants", 16))
         _builders[(options.cache_dir, key)] = builder
     fid = _add_frame(builder, code, out_code, output, names, graphs, receiver, resume_of=None)
+    _out_codes[id(out_code)] = (out_code, builder, _receiver_name(receiver))
     if all(v["root"] != fid for v in builder.variants):
         builder.variants.append(
             {"root": fid, "tensor_state": tensor_state(bound), "created": round(time.time(), 3)}
         )
     builder.publish()
+    _note_caller(code, bound, options, compiler)
+
+
+def _receiver_name(receiver: str | None) -> str | None:
+    return receiver.split("'")[1] if receiver and receiver.endswith("']") else None
+
+
+def _internal(filename: str) -> bool:
+    """Frames of torch (Dynamo, nn.Module's call machinery) and of this package."""
+    return filename.startswith(_INTERNAL_DIRS)
+
+
+def _method_name(cls: type, code: types.CodeType) -> str | None:
+    """The attribute of ``cls`` whose function runs ``code`` (``forward``, a helper method)."""
+    for klass in cls.__mro__:
+        for name, attr in vars(klass).items():
+            if getattr(getattr(attr, "__func__", attr), "__code__", None) is code and not isinstance(
+                    attr, (staticmethod, classmethod)):
+                return name
+    return None
+
+
+def _note_caller(code: types.CodeType, bound: Any, options: Any, compiler: str) -> None:
+    """Record a compiled method (a submodule's forward, a helper) in the program of the
+    frame that called it at run time, so a warm start installs its replay there:
+
+    * the caller is Dynamo's transformed code of a recorded frame (the callee ran at a
+      graph break of the caller: a ``print``/``.item()`` inside a layer);
+    * or the caller is the very frame ``torch.compile`` was asked to compile, which
+      Dynamo skipped (a graph break inside a loop over layers): its program says so
+      (``eager_root``), and the warm start runs it as Dynamo did, its callees replayed.
+    """
+    import torch
+
+    if bound is None or isinstance(bound, type):
+        return
+    attr = _method_name(type(bound), code)
+    if attr is None:
+        return
+    f = sys._getframe(2)
+    while f is not None and _internal(f.f_code.co_filename):
+        f = f.f_back
+    if f is None:
+        return
+    caller = f.f_code
+    owner = _out_codes.get(id(caller))
+    if owner is not None and owner[0] is caller:
+        builder, receiver_name = owner[1], owner[2]
+    else:
+        builder, receiver_name = None, None
+        g = f.f_back
+        while g is not None and _internal(g.f_code.co_filename):
+            if g.f_code.co_filename.endswith(_EVAL_FRAME):
+                receiver_name = caller.co_varnames[0] if caller.co_argcount else None
+                break
+            g = g.f_back
+        if receiver_name is None:
+            return  # plain code calling a compiled method: nobody to attach it to
+    if receiver_name is None:
+        return
+    recv = f.f_locals.get(receiver_name)
+    if recv is None or not _is_receiver(caller, recv, f.f_globals):
+        return
+    if recv is bound:
+        path = ""
+    elif isinstance(recv, torch.nn.Module):
+        path = next((name for name, mod in recv.named_modules() if mod is bound and name), None)
+        if path is None:
+            return
+    else:
+        return
+    if builder is None:
+        identity = function_identity(caller, f.f_globals.get("__name__"), type_path(recv))
+        fingerprint = code_codec.code_fingerprint(caller)
+        key = program_key(identity, fingerprint, compiler, options)
+        builder = _builders.get((options.cache_dir, key))
+        if builder is None:
+            builder = ProgramBuilder(key, identity, options.cache_dir, compiler, fingerprint,
+                                     getattr(options, "max_variants", 16))
+            _builders[(options.cache_dir, key)] = builder
+        builder.eager_root = True
+    elif path == "" and attr == _method_name(type(recv), caller):
+        return
+    callee = {"path": path, "attr": attr}
+    if callee not in builder.callees:
+        builder.callees.append(callee)
+        builder.publish()
 
 
 def _is_receiver(code: types.CodeType, value: Any, scope: dict[str, Any]) -> bool:

@@ -109,6 +109,12 @@ def build_replay(
             variants.append(builder.variant(variant))
         except _Rejected as exc:
             rejected.append(str(exc))
+    if not variants and program.get("eager_root") and not rejected:
+        # Dynamo skipped this frame (e.g. a graph break in a loop over layers): it runs as
+        # Python, as under torch.compile, and the methods it calls replay (installed below)
+        log.info("npu_cached: %s itself runs as Python (Dynamo skipped its frame); the methods it calls replay",
+                 name)
+        variants.append(Variant(always, func, None))
     if not variants:
         why = " | ".join(list(dict.fromkeys(rejected))[:2]) or "it has no variant"
         if len(rejected) > 2:
@@ -126,11 +132,50 @@ def build_replay(
     if module is not None and not isinstance(target, torch.nn.Module):
         module = None
     replay = ReplayedFunction(variants, bound_self, name, fallback, module, original=func)
+    if program.get("callees") and bound_self is not None and not isinstance(bound_self, type):
+        _install_callees(bound_self, program["callees"], options, name)
     dt = time.perf_counter() - t0
     record(bypass_loads=1, load_seconds=dt)
     log.info("npu_cached bypass load %s (%s, %d of %d variant(s)) in %.3fs", name, compiler_name,
              len(variants), len(program.get("variants", [])), dt)
     return replay
+
+
+def _install_callees(bound_self: Any, callees: list[dict[str, str]], options: BackendOptions, name: str) -> None:
+    """Methods the function calls that Dynamo compiled on their own (a graph break
+    inside a layer's forward or a helper): each gets its own replay, installed on the
+    instance (``layer.forward``, ``self.helper``), so the replayed (or, for a frame
+    Dynamo skipped, plain) caller calls the replay. A callee with no usable program
+    gets a stand-in that compiles it (a counted fallback), never plain eager."""
+    import torch
+
+    for callee in callees:
+        path, attr = callee.get("path", ""), callee.get("attr", "")
+        try:
+            owner = bound_self.get_submodule(path) if path else bound_self
+        except (AttributeError, TypeError):
+            log.info("npu_cached: %s: callee %s.%s is not there; not installed", name, path or "self", attr)
+            continue
+        func = None
+        for klass in type(owner).__mro__:
+            if attr in vars(klass):
+                func = vars(klass)[attr]
+                break
+        if not isinstance(func, types.FunctionType):
+            continue
+        if attr in owner.__dict__ and not isinstance(owner.__dict__[attr], ReplayedFunction):
+            log.info("npu_cached: %s: %s.%s is set on the instance; its cached program is not installed",
+                     name, path or "self", attr)
+            continue
+        method = types.MethodType(func, owner)
+        try:
+            replay: Callable[..., Any] = build_replay(method, options)
+        except CacheMiss as miss:
+            record_fallback(_reason_kind(str(miss)))
+            log.info("npu_cached: %s calls %s.%s: %s; compiling it instead", name, path or "self", attr, miss)
+            replay = _compiling_stand_in(method, options, str(miss))
+        if isinstance(owner, torch.nn.Module) or hasattr(owner, "__dict__"):
+            owner.__dict__[attr] = replay
 
 
 def _torch_compile_fallback(target: Any, options: BackendOptions) -> Callable[[], Callable[..., Any]]:

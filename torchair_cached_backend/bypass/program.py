@@ -132,6 +132,9 @@ def merge_programs(
         ours = set(group.get("frames", []))
         mine["frames"] = _bounded_ids(mine["frames"], max_variants, ours)
     merged["resumes"] = resumes
+    merged["callees"] = list(old.get("callees", []))
+    merged["callees"] += [c for c in new.get("callees", []) if c not in merged["callees"]]
+    merged["eager_root"] = bool(old.get("eager_root") or new.get("eager_root"))
     return _prune(merged, {**old_files, **new_files})
 
 
