@@ -318,3 +318,25 @@ def case_instances_with_break(phase: str, d: str) -> dict:
             ok = ok and close(out, layer.inner_forward(y))
             y = out
     return {"ok": ok}
+
+
+# -- 5. a value read only after a graph break changes ---------------------------------------
+
+
+class LateRead(nn.Module):
+    def __init__(self, scale: float) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin = nn.Linear(4, 4)
+        self.scale = scale
+
+    def forward(self, x):
+        y = self.lin(x).relu()
+        torch._dynamo.graph_break()
+        return y * self.scale  # read only after the break
+
+
+def case_late_read(phase: str, d: str) -> dict:
+    m, x = LateRead(2.0 if phase == "cold" else 3.0).eval(), torch.randn(2, 4)
+    f = serve(m, phase, d)
+    return {"ok": close(f(x), m(x)) and close(f(x), m(x))}

@@ -13,7 +13,8 @@ import pytest
 
 CASES = ("global_hook", "forward_assigned", "generate", "buckets_default_bound", "buckets_max_variants",
          "print_first", "cond", "checkpoint", "local_class", "staticmethod",
-         "instances_with_break", "break_in_submodule")
+         "instances_with_break", "break_in_submodule",
+         "late_read")
 
 CHILD = """
 import os, sys, traceback
@@ -206,3 +207,14 @@ def test_graph_break_inside_a_layer_or_helper_replays(outcome):
     _replayed(warm)
     _replayed(warm2)
     assert warm["stats"]["bypass_loads"] == 7, _why(warm)  # 2 roots, 3 + 1 layers, 1 helper
+
+
+def test_value_read_after_a_graph_break_changes(outcome):
+    """self.scale 2.0 cold, 3.0 warm, read only after the break: the first warm start
+    compiles the continuation (one counted fallback, never eager), the next replays it."""
+    cold, warm, warm2 = _cases(outcome, "late_read")
+    assert warm["frames"] == 1, _why(warm)
+    assert warm["stats"]["fallback_reasons"] == {"code after a graph break compiled (no cached variant fits)": 1}, \
+        _why(warm)
+    assert not any("runs eagerly" in line for line in warm["logs"]), _why(warm)
+    _replayed(warm2)

@@ -139,6 +139,25 @@ class ProgramBuilder:
         return len(self.variants)
 
 
+def adopt_resume(cache_dir: str, key: str, program: dict[str, Any], group: dict[str, Any], origin: str,
+                 code: types.CodeType, code_blob: bytes, receiver: str | None, max_variants: int) -> None:
+    """A warm start compiles a continuation no cached variant fits (``code``, the
+    original resume code it loaded): its frame joins the stored program's group."""
+    with _lock:
+        builder = _builders.get((cache_dir, key))
+        if builder is None:
+            builder = ProgramBuilder(key, program["function"], cache_dir, program["compiler"], program["fingerprint"],
+                                     max_variants)
+            _builders[(cache_dir, key)] = builder
+        if origin not in builder.resumes:
+            builder.files[group["code"]] = code_blob
+            builder.resumes[origin] = {"code": group["code"], "name": group["name"],
+                                       "factory": bool(group.get("factory")), "frames": []}
+        owners = _resume_owners.setdefault(id(code), (code, []))
+        if owners[0] is code and all(b is not builder or o != origin for b, o, _ in owners[1]):
+            owners[1].append((builder, origin, receiver if _receiver_passed(receiver, code) else None))
+
+
 def builders_for(code: types.CodeType) -> list[ProgramBuilder]:
     """Programs this process built for ``code`` (used by cache_compile)."""
     qualname = getattr(code, "co_qualname", code.co_name)

@@ -372,11 +372,40 @@ class _ReplayBuilder:
             code = code_codec.loads_code(self.files[frame["code"]])
             variants.append((always if checks is None else self._per_call(checks), code))
         variants.reverse()  # newest first
+        compile_ = self._resume_compiler(group, origin)
         if group.get("factory"):
-            dispatch: Any = ResumeFactory(variants, eager, self.scope, group["name"])
+            dispatch: Any = ResumeFactory(variants, eager, self.scope, group["name"], compile_)
         else:
-            dispatch = ResumeDispatch(variants, eager, self.scope, group["name"])
+            dispatch = ResumeDispatch(variants, eager, self.scope, group["name"], compile_)
         return self._routed(group, eager, dispatch, global_name)
+
+    def _receiver_ref(self, fids: list[str]) -> str | None:
+        for fid in fids:
+            receiver = ((self.frames.get(fid) or {}).get("guards") or {}).get("receiver")
+            if receiver:
+                return receiver
+        return None
+
+    def _resume_compiler(self, group: dict[str, Any], origin: str) -> Callable[[Any], Callable[..., Any]]:
+        """How a continuation no cached variant fits is served: compiled by Dynamo with
+        this program's options, its frame joining this program's resume group (so the
+        next start replays it)."""
+        options, key, program, files = self.options, self.key, self.program, self.files
+        roots = [v["root"] for v in program.get("variants", [])]
+        receiver = self._receiver_ref(roots + list(group.get("frames", [])))
+
+        def compile_(fn: Any) -> Callable[..., Any]:
+            import torch
+
+            from ..backend import make_backend
+            from .capture import adopt_resume
+
+            backend = make_backend(**{k: v for k, v in options.as_dict().items() if v is not None})
+            adopt_resume(options.cache_dir, key, program, group, origin, fn.__code__, files[group["code"]], receiver,
+                         options.max_variants)
+            return torch.compile(fn, backend=backend, dynamic=options.dynamic)
+
+        return compile_
 
     def _routed(self, group: dict[str, Any], eager: types.CodeType, dispatch: Any, global_name: str) -> Any:
         """The resume global is one name in the module's globals: when its variants check

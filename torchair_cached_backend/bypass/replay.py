@@ -190,15 +190,18 @@ class ReplayedFunction:
 
 class ResumeDispatch:
     """Stands in for a resume function: the first transformed variant whose guards
-    hold, else the original resume code, run eagerly (correct, uncompiled)."""
+    hold, else the original continuation compiled by Dynamo (``compile``: a counted
+    fallback, and the program gains the variant), else run eagerly (correct, counted)."""
 
-    __slots__ = ("variants", "eager", "name", "__weakref__")
+    __slots__ = ("variants", "eager", "name", "compile", "compiled", "__weakref__")
 
     def __init__(self, variants: list[tuple[Callable[..., bool], types.CodeType]], eager: types.CodeType,
-                 scope: dict[str, Any], name: str) -> None:
+                 scope: dict[str, Any], name: str, compile: Callable[[Any], Callable[..., Any]] | None = None) -> None:
         self.variants = [(check, types.FunctionType(code, scope, name)) for check, code in variants]
         self.eager = types.FunctionType(eager, scope, name)
         self.name = name
+        self.compile = compile
+        self.compiled: Callable[..., Any] | None = None
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         for check, fn in self.variants:
@@ -208,6 +211,11 @@ class ResumeDispatch:
                 ok = False
             if ok:
                 return fn(*args, **kwargs)
+        if self.compile is not None:
+            if self.compiled is None:
+                _compiled_resume(self.name)
+                self.compiled = self.compile(self.eager)
+            return self.compiled(*args, **kwargs)
         _eager_resume(self.name)
         return self.eager(*args, **kwargs)
 
@@ -216,14 +224,15 @@ class ResumeFactory:
     """Stands in for the factory Dynamo installs for resume functions with free
     variables: given the cells, the dispatch over variants built with them."""
 
-    __slots__ = ("variants", "eager", "scope", "name")
+    __slots__ = ("variants", "eager", "scope", "name", "compile")
 
     def __init__(self, variants: list[tuple[Callable[..., bool], types.CodeType]], eager: types.CodeType,
-                 scope: dict[str, Any], name: str) -> None:
+                 scope: dict[str, Any], name: str, compile: Callable[[Any], Callable[..., Any]] | None = None) -> None:
         self.variants = variants
         self.eager = eager
         self.scope = scope
         self.name = name
+        self.compile = compile
 
     def __call__(self, cells: tuple[Any, ...]) -> Callable[..., Any]:
         scope, name = self.scope, self.name
@@ -236,10 +245,25 @@ class ResumeFactory:
                     ok = False
                 if ok:
                     return types.FunctionType(code, scope, name, None, cells)(*args, **kwargs)
+            eager = types.FunctionType(self.eager, scope, name, None, cells)
+            if self.compile is not None:
+                _compiled_resume(name)
+                return self.compile(eager)(*args, **kwargs)
             _eager_resume(name)
-            return types.FunctionType(self.eager, scope, name, None, cells)(*args, **kwargs)
+            return eager(*args, **kwargs)
 
         return resume
+
+
+_compiled_counted: set[str] = set()
+
+
+def _compiled_resume(name: str) -> None:
+    if name not in _compiled_counted:
+        _compiled_counted.add(name)
+        record_fallback("code after a graph break compiled (no cached variant fits)")
+        log.warning("npu_cached: no cached variant of the code after a graph break (%s) fits (a value it reads "
+                    "changed); compiling it with Dynamo (the cache gains this variant)", name)
 
 
 class ResumeRouter:
