@@ -340,3 +340,45 @@ def case_late_read(phase: str, d: str) -> dict:
     m, x = LateRead(2.0 if phase == "cold" else 3.0).eval(), torch.randn(2, 4)
     f = serve(m, phase, d)
     return {"ok": close(f(x), m(x)) and close(f(x), m(x))}
+
+
+# -- 4. decorated forwards and torch.nn built-in roots (Dynamo's wrap_inline frames) --------
+
+
+class NoGradForward(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin = nn.Linear(4, 4)
+
+    @torch.no_grad()
+    def forward(self, x):
+        return self.lin(x).tanh()
+
+
+class InferenceForward(NoGradForward):
+    @torch.inference_mode()
+    def forward(self, x):
+        return self.lin(x).sigmoid()
+
+
+def _builtin_roots() -> dict:
+    torch.manual_seed(0)
+    return {
+        "seq_a": nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 4)).eval(),
+        "seq_b": nn.Sequential(nn.Linear(4, 4), nn.Tanh()).eval(),  # another Sequential, same cache dir
+        "encoder": nn.TransformerEncoderLayer(d_model=4, nhead=2, dim_feedforward=8, dropout=0.0,
+                                              batch_first=True).eval(),
+    }
+
+
+def case_wrapped_roots(phase: str, d: str) -> dict:
+    """Each model in its own dir except the two Sequentials, which share one."""
+    x = torch.randn(2, 3, 4)
+    models = {"no_grad": NoGradForward().eval(), "inference": InferenceForward().eval(), **_builtin_roots()}
+    ok = {}
+    for name, m in models.items():
+        sub = "seq" if name.startswith("seq") else name
+        f = serve(m, phase, f"{d}_{sub}")
+        ok[name] = close(f(x), m(x)) and close(f(x), m(x))
+    return {"ok": all(ok.values()), "each": ok}

@@ -14,7 +14,7 @@ import pytest
 CASES = ("global_hook", "forward_assigned", "generate", "buckets_default_bound", "buckets_max_variants",
          "print_first", "cond", "checkpoint", "local_class", "staticmethod",
          "instances_with_break", "break_in_submodule",
-         "late_read")
+         "late_read", "wrapped_roots")
 
 CHILD = """
 import os, sys, traceback
@@ -218,3 +218,14 @@ def test_value_read_after_a_graph_break_changes(outcome):
         _why(warm)
     assert not any("runs eagerly" in line for line in warm["logs"]), _why(warm)
     _replayed(warm2)
+
+
+def test_decorated_forwards_and_builtin_roots_replay(outcome):
+    """@torch.no_grad()/@torch.inference_mode() forwards, nn.Sequential and
+    nn.TransformerEncoderLayer roots: Dynamo compiles its wrap_inline frame, filed under
+    the model (not one key for all); two Sequentials in one dir each get their own."""
+    cold, warm, warm2 = _cases(outcome, "wrapped_roots")
+    assert cold["frames"] == 5, cold
+    _replayed(warm)
+    _replayed(warm2)
+    assert warm["stats"]["bypass_loads"] == 5 and all(warm["each"].values()), _why(warm)

@@ -41,6 +41,7 @@ from .program import (
     merge_programs,
     program_key,
     program_store,
+    target_identity,
     type_path,
     used_roots,
 )
@@ -62,6 +63,7 @@ _out_codes: dict[int, tuple[types.CodeType, ProgramBuilder, str | None]] = {}
 _INTERNAL_DIRS = (os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,
                   os.path.dirname(os.path.abspath(torch.__file__)) + os.sep)
 _EVAL_FRAME = os.path.join("_dynamo", "eval_frame.py")
+_EXTERNAL_UTILS = os.path.join("_dynamo", "external_utils.py")
 #: bumped on every frame Dynamo transforms, so callers can skip re-checking when nothing compiled
 generation = 0
 
@@ -250,26 +252,52 @@ def _record(code: types.CodeType, out_code: types.CodeType) -> None:
     if options is None:
         return
     local_scope = getattr(output, "local_scope", None) or {}
-    receiver = receiver_ref(code, local_scope)
-    bound = receiver_value(receiver, local_scope)
-    if receiver is not None and not _is_receiver(code, bound, scope):
-        receiver, bound = None, None  # a staticmethod: its first argument is no receiver
-    identity = function_identity(code, scope.get("__name__"), type_path(bound))
-    fingerprint = code_codec.code_fingerprint(code)
+    wrapped = _wrap_inline_target(code, local_scope)
+    wrapper = None
+    if wrapped is not None:  # file it under what it wraps, as load(model) looks it up
+        func, bound, kind = wrapped
+        receiver, wrapper = None, {"kind": kind}
+        identity = target_identity(func, bound)
+        fingerprint = code_codec.code_fingerprint(func.__code__)
+    else:
+        receiver = receiver_ref(code, local_scope)
+        bound = receiver_value(receiver, local_scope)
+        if receiver is not None and not _is_receiver(code, bound, scope):
+            receiver, bound = None, None  # a staticmethod: its first argument is no receiver
+        identity = function_identity(code, scope.get("__name__"), type_path(bound))
+        fingerprint = code_codec.code_fingerprint(code)
     key = program_key(identity, fingerprint, compiler, options)
     builder = _builders.get((options.cache_dir, key))
     if builder is None:
         builder = ProgramBuilder(key, identity, options.cache_dir, compiler, fingerprint,
                                  getattr(options, "max_variants", 16))
         _builders[(options.cache_dir, key)] = builder
-    fid = _add_frame(builder, code, out_code, output, names, graphs, receiver, resume_of=None)
+    fid = _add_frame(builder, code, out_code, output, names, graphs, receiver, resume_of=None, wrapper=wrapper)
     _out_codes[id(out_code)] = (out_code, builder, _receiver_name(receiver))
     if all(v["root"] != fid for v in builder.variants):
         builder.variants.append(
             {"root": fid, "tensor_state": tensor_state(bound), "created": round(time.time(), 3)}
         )
     builder.publish()
-    _note_caller(code, bound, options, compiler)
+    if wrapper is None:
+        _note_caller(code, bound, options, compiler)
+
+
+def _wrap_inline_target(code: types.CodeType, local_scope: dict[str, Any]) -> tuple[Any, Any, str] | None:
+    """For Dynamo's ``wrap_inline`` frame (``torch.compile`` of a module or function whose
+    own code Dynamo skips: torch.nn built-ins, forwards under ``@torch.no_grad()``...):
+    (function, receiver, kind) of what it wraps, else None."""
+    if code.co_name != "inner" or code.co_freevars != ("fn",) or not code.co_filename.endswith(_EXTERNAL_UTILS):
+        return None
+    target = local_scope.get("fn")
+    if isinstance(target, torch.nn.Module) and isinstance(type(target).forward, types.FunctionType):
+        return type(target).forward, target, "module"
+    if isinstance(target, types.MethodType) and isinstance(target.__func__, types.FunctionType):
+        if not isinstance(target.__self__, type):
+            return target.__func__, target.__self__, "method"
+    if isinstance(target, types.FunctionType):
+        return target, None, "function"
+    return None
 
 
 def _receiver_name(receiver: str | None) -> str | None:
@@ -478,6 +506,7 @@ def _add_frame(
     graphs: dict[str, CachedGraph],
     receiver: str | None,
     resume_of: str | None,
+    wrapper: dict[str, str] | None = None,
 ) -> str:
     scope = output.global_scope
     unsupported: list[str] = []
@@ -524,8 +553,10 @@ def _add_frame(
         "traced": traced,
         "unsupported": "; ".join(unsupported) or None,
     }
+    if wrapper is not None:
+        frame["wrapper"] = wrapper
     fid = _digest([code_codec.code_fingerprint(renamed), descs, resume_of, traced, guards.digest, guards.consts,
-                   frame["unsupported"]])[:20]
+                   frame["unsupported"], wrapper])[:20]
     builder.files[f"{fid}.code"] = code_blob
     guards_blob = None
     if guards.blob is not None:

@@ -32,7 +32,7 @@ from ..options import BackendOptions, parse_options
 from ..stats import record, record_fallback
 from .dynamo_stub import module_for
 from .guard_runtime import CHECKS_FORMAT, GuardChecks, build_checks, receiver_locals
-from .program import PROGRAM_FORMAT, function_identity, program_key, program_store, type_path
+from .program import PROGRAM_FORMAT, program_key, program_store, target_identity
 from .replay import ReplayedFunction, ResumeDispatch, ResumeFactory, ResumeRouter, Variant, always
 from .sources import stale_sources, tensor_state, tensor_state_difference
 
@@ -88,7 +88,7 @@ def build_replay(
     func, bound_self = resolve_target(target)
     code = func.__code__
     compiler_name = options.resolved_compiler()
-    identity = function_identity(code, func.__globals__.get("__name__"), type_path(bound_self))
+    identity = target_identity(func, bound_self)
     name = getattr(func, "__qualname__", None) or identity["qualname"]  # a decorated forward keeps its own name
     key = program_key(identity, code_codec.code_fingerprint(code), compiler_name, options)
     store = program_store(options.cache_dir)
@@ -227,6 +227,23 @@ def _why_missing(
     return f"no cached program for {name} (compiler {compiler}) in {cache_dir}"
 
 
+class _Site:
+    """The parts of a function a frame is rebuilt with (for ``wrap_inline`` frames)."""
+
+    def __init__(self, defaults: Any, kwdefaults: Any, closure: tuple[Any, ...], freevars: tuple[str, ...]) -> None:
+        self.__defaults__ = defaults
+        self.__kwdefaults__ = kwdefaults
+        self.__closure__ = closure
+        self.__code__ = types.SimpleNamespace(co_freevars=freevars)
+
+
+def _without_receiver(fn: Callable[..., Any]) -> Callable[..., Any]:
+    def call(receiver: Any, *args: Any, **kwargs: Any) -> Any:
+        return fn(*args, **kwargs)
+
+    return call
+
+
 class _ReplayBuilder:
     """Builds the variants of one program: checks, frame functions, graphs."""
 
@@ -260,17 +277,38 @@ class _ReplayBuilder:
             diffs = tensor_state_difference(variant["tensor_state"], tensor_state(self.bound_self) or {})
             if diffs:
                 raise _Rejected(f"parameters/buffers changed ({'; '.join(diffs[:3])})")
-        checks = self._checks(frame, resume=False)
+        site = self._site(frame)
+        checks = self._checks(frame, resume=False, site=site)
         pending = self._globals(frame)  # also builds resume groups and loads graphs
         for name, value in pending.items():
             self.scope[name] = value
         code = code_codec.loads_code(self.files[frame["code"]])
-        fn = types.FunctionType(code, self.scope, code.co_name, self.func.__defaults__, self.func.__closure__)
-        fn.__kwdefaults__ = self.func.__kwdefaults__
+        fn: Callable[..., Any] = types.FunctionType(code, self.scope, code.co_name, site.__defaults__,
+                                                    site.__closure__)
+        fn.__kwdefaults__ = site.__kwdefaults__  # type: ignore[attr-defined]
         used = ((self.options.cache_dir, self.key), fid)
-        if checks is None:
-            return Variant(always, fn, None, used)
-        return Variant(self._per_call(checks), fn, checks, used)
+        check: Callable[..., bool] = always if checks is None else self._per_call(checks)
+        if frame.get("wrapper") and self.bound_self is not None:  # inner(*args): called without the receiver
+            fn, check = _without_receiver(fn), _without_receiver(check)
+        return Variant(check, fn, checks, used)
+
+    def _site(self, frame: dict[str, Any]) -> Any:
+        """What the frame's function is made with: the replayed function's defaults and
+        closure, or for Dynamo's ``wrap_inline`` frame (a torch.nn built-in or decorated
+        forward: ``inner(*args, **kwargs)`` calling ``fn``) a closure over what it wraps."""
+        wrapper = frame.get("wrapper")
+        if not wrapper:
+            return self.func
+        kind = wrapper.get("kind")
+        if kind == "module" and self.bound_self is not None:
+            wrapped: Any = self.bound_self
+        elif kind == "method" and self.bound_self is not None:
+            wrapped = types.MethodType(self.func, self.bound_self)
+        elif kind == "function" and self.bound_self is None:
+            wrapped = self.func
+        else:
+            raise _Rejected(f"it was compiled for another kind of target ({kind})")
+        return _Site(None, None, (types.CellType(wrapped),), ("fn",))
 
     def _fixed(self, checks: GuardChecks) -> bool:
         """Whether the frame's receiver is fixed for the replay's lifetime (or it has none):
@@ -287,8 +325,9 @@ class _ReplayBuilder:
         if stale:
             raise _Rejected(f"code changed since caching ({'; '.join(stale[:3])})")
 
-    def _checks(self, frame: dict[str, Any], resume: bool) -> GuardChecks | None:
+    def _checks(self, frame: dict[str, Any], resume: bool, site: Any = None) -> GuardChecks | None:
         """The frame's checks; load-time guards evaluated now (a failure rejects it)."""
+        site = self.func if site is None else site
         guards = frame.get("guards") or {}
         if self.options.guards == "none":
             return None
@@ -305,15 +344,15 @@ class _ReplayBuilder:
                                   self.scope, receiver, self.bound_self if resume and bound else None, self.consts)
         except code_codec.CodecError as exc:
             raise _Rejected(f"a value its guards compare with cannot be rebuilt here: {exc}") from exc
-        kwdefaults = dict(self.func.__kwdefaults__ or {}) if not resume else {}
+        kwdefaults = dict(site.__kwdefaults__ or {}) if not resume else {}
         if guards.get("uses_cells") and not resume:
-            kwdefaults["___cells"] = self.func.__closure__ or ()
+            kwdefaults["___cells"] = site.__closure__ or ()
         if not resume:
-            checks.set_defaults(self.func.__defaults__, kwdefaults)
+            checks.set_defaults(site.__defaults__, kwdefaults)
         if fixed:
             local = receiver_locals(receiver, self.bound_self) if bound else {}
-            if not resume and self.func.__closure__:
-                for name, cell in zip(self.func.__code__.co_freevars, self.func.__closure__, strict=False):
+            if not resume and site.__closure__:
+                for name, cell in zip(site.__code__.co_freevars, site.__closure__, strict=False):
                     try:
                         local[name] = cell.cell_contents
                     except ValueError:  # an empty cell
