@@ -382,3 +382,25 @@ def case_wrapped_roots(phase: str, d: str) -> dict:
         f = serve(m, phase, f"{d}_{sub}")
         ok[name] = close(f(x), m(x)) and close(f(x), m(x))
     return {"ok": all(ok.values()), "each": ok}
+
+
+def noisy_helper(y):
+    """A module-level helper with a graph break, called by a forward."""
+    print("noisy helper")
+    return (y * 3.0).sin()
+
+
+class CallsHelper(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(2)
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return noisy_helper(self.lin(x)) + 1.0
+
+
+def case_break_in_function(phase: str, d: str) -> dict:
+    m, x = CallsHelper().eval(), torch.randn(2, 4)
+    f = serve(m, phase, d)
+    return {"ok": close(f(x), m(x)) and close(f(x), m(x))}

@@ -14,7 +14,7 @@ import pytest
 CASES = ("global_hook", "forward_assigned", "generate", "buckets_default_bound", "buckets_max_variants",
          "print_first", "cond", "checkpoint", "local_class", "staticmethod",
          "instances_with_break", "break_in_submodule",
-         "late_read", "wrapped_roots")
+         "late_read", "wrapped_roots", "break_in_function")
 
 CHILD = """
 import os, sys, traceback
@@ -207,6 +207,15 @@ def test_graph_break_inside_a_layer_or_helper_replays(outcome):
     _replayed(warm)
     _replayed(warm2)
     assert warm["stats"]["bypass_loads"] == 7, _why(warm)  # 2 roots, 3 + 1 layers, 1 helper
+
+
+def test_graph_break_inside_a_module_level_helper_replays(outcome):
+    """The forward calls the helper by its global name: the replayed forward calls the
+    helper's replay (under a name of ours; the module's global is left alone)."""
+    cold, warm, warm2 = _cases(outcome, "break_in_function")
+    _replayed(warm)
+    _replayed(warm2)
+    assert warm["stats"]["bypass_loads"] == 2, _why(warm)
 
 
 def test_value_read_after_a_graph_break_changes(outcome):

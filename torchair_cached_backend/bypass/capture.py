@@ -331,10 +331,10 @@ def _note_caller(code: types.CodeType, bound: Any, options: Any, compiler: str) 
     """
     import torch
 
-    if bound is None or isinstance(bound, type):
+    if isinstance(bound, type):
         return
-    attr = _method_name(type(bound), code)
-    if attr is None:
+    attr = _method_name(type(bound), code) if bound is not None else None
+    if bound is not None and attr is None:
         return
     f = sys._getframe(2)
     while f is not None and _internal(f.f_code.co_filename):
@@ -343,6 +343,18 @@ def _note_caller(code: types.CodeType, bound: Any, options: Any, compiler: str) 
         return
     caller = f.f_code
     owner = _out_codes.get(id(caller))
+    if bound is None:  # a module-level function, called by its global name from a recorded frame
+        if owner is None or owner[0] is not caller:
+            return
+        for name in caller.co_names:
+            value = f.f_globals.get(name)
+            if getattr(value, "__code__", None) is code:
+                callee = {"global": name}
+                if callee not in owner[1].callees:
+                    owner[1].callees.append(callee)
+                    owner[1].publish()
+                return
+        return
     if owner is not None and owner[0] is caller:
         builder, receiver_name = owner[1], owner[2]
     else:

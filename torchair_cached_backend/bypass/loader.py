@@ -20,6 +20,7 @@ guards stand in for Dynamo's:
 from __future__ import annotations
 
 import builtins
+import hashlib
 import time
 import types
 from collections.abc import Callable
@@ -237,6 +238,11 @@ class _Site:
         self.__code__ = types.SimpleNamespace(co_freevars=freevars)
 
 
+def _renamed(code: types.CodeType, rename: dict[str, str]) -> types.CodeType:
+    consts = tuple(_renamed(c, rename) if isinstance(c, types.CodeType) else c for c in code.co_consts)
+    return code.replace(co_names=tuple(rename.get(n, n) for n in code.co_names), co_consts=consts)
+
+
 def _without_receiver(fn: Callable[..., Any]) -> Callable[..., Any]:
     def call(receiver: Any, *args: Any, **kwargs: Any) -> Any:
         return fn(*args, **kwargs)
@@ -265,6 +271,33 @@ class _ReplayBuilder:
         self.values: dict[str, Any] = {}  # our global name -> value (installed into scope once all checks pass)
         self.context: dict[str, dict[str, Any]] = {}
         self.consts: dict[str, Any] = {}  # decoded guard constants, shared by the program's frames
+        self.renames = self._global_callees(program.get("callees", []))
+
+    def _global_callees(self, callees: list[dict[str, str]]) -> dict[str, str]:
+        """Module-level functions the frames call by name that Dynamo compiled on their own
+        (a graph break inside a helper): each gets its own replay under a name of ours,
+        and the frames' code calls that name (the module's own global is left alone)."""
+        renames: dict[str, str] = {}
+        for callee in callees:
+            name = callee.get("global")
+            func = self.scope.get(name) if name else None
+            if not isinstance(func, types.FunctionType):
+                continue
+            ours = "___tcb_callee_" + hashlib.sha256(f"{func.__module__}.{func.__qualname__}".encode()).hexdigest()[:16]
+            if not isinstance(self.scope.get(ours), ReplayedFunction):
+                try:
+                    replay: Callable[..., Any] = build_replay(func, self.options)
+                except CacheMiss as miss:
+                    record_fallback(_reason_kind(str(miss)))
+                    log.info("npu_cached: %s calls %s: %s; compiling it instead", self.func.__qualname__, name, miss)
+                    replay = _compiling_stand_in(func, self.options, str(miss))
+                self.scope[ours] = replay
+            renames[name] = ours
+        return renames
+
+    def _code(self, blob: str) -> types.CodeType:
+        code = code_codec.loads_code(self.files[blob])
+        return _renamed(code, self.renames) if self.renames else code
 
     # -- variants -------------------------------------------------------
     def variant(self, variant: dict[str, Any]) -> Variant:
@@ -282,7 +315,7 @@ class _ReplayBuilder:
         pending = self._globals(frame)  # also builds resume groups and loads graphs
         for name, value in pending.items():
             self.scope[name] = value
-        code = code_codec.loads_code(self.files[frame["code"]])
+        code = self._code(frame["code"])
         fn: Callable[..., Any] = types.FunctionType(code, self.scope, code.co_name, site.__defaults__,
                                                     site.__closure__)
         fn.__kwdefaults__ = site.__kwdefaults__  # type: ignore[attr-defined]
@@ -394,7 +427,7 @@ class _ReplayBuilder:
         group = self.program.get("resumes", {}).get(origin)
         if group is None:
             raise _Rejected(f"resume function {origin} is missing from the program")
-        eager = code_codec.loads_code(self.files[group["code"]])
+        eager = self._code(group["code"])
         variants: list[tuple[Callable[..., bool], types.CodeType]] = []
         for fid in group.get("frames", []):
             frame = self.frames.get(fid)
@@ -408,7 +441,7 @@ class _ReplayBuilder:
             except _Rejected as exc:
                 log.info("npu_cached: a cached variant after a graph break (%s) is not used: %s", group["name"], exc)
                 continue
-            code = code_codec.loads_code(self.files[frame["code"]])
+            code = self._code(frame["code"])
             variants.append((always if checks is None else self._per_call(checks), code))
         variants.reverse()  # newest first
         compile_ = self._resume_compiler(group, origin)
