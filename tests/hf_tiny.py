@@ -60,6 +60,21 @@ def _mistral(s: Size) -> Any:
     return MistralForCausalLM(MistralConfig(**_decoder(s), sliding_window=None))
 
 
+def _mixtral(s: Size) -> Any:
+    """MoE routing: top-2 of 4 experts per token."""
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    return MixtralForCausalLM(MixtralConfig(**_decoder(s), num_local_experts=4, num_experts_per_tok=2,
+                                            sliding_window=None))
+
+
+def _mistral_sliding(s: Size) -> Any:
+    """Sliding-window attention narrower than the input (window 4, seq 8)."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    return MistralForCausalLM(MistralConfig(**_decoder(s), sliding_window=max(2, s.seq // 2)))
+
+
 def _phi3(s: Size) -> Any:
     from transformers import Phi3Config, Phi3ForCausalLM
 
@@ -132,6 +147,8 @@ FAMILIES: dict[str, tuple[Callable[[Size], Any], str]] = {
     "llama": (_llama, "logits"),
     "qwen2": (_qwen2, "logits"),
     "mistral": (_mistral, "logits"),
+    "mixtral": (_mixtral, "logits"),
+    "mistral_sliding": (_mistral_sliding, "logits"),
     "phi3": (_phi3, "logits"),
     "gemma": (_gemma, "logits"),
     "gpt2": (_gpt2, "logits"),

@@ -226,3 +226,181 @@ def case_staticmethod(phase: str, d: str) -> dict:
     x = torch.randn(2, 4)
     f = serve(Ops.scale, phase, d)
     return {"ok": close(f(x), Ops.scale(x)) and close(f(x, 2.0), Ops.scale(x, 2.0))}
+
+
+# -- 2. a graph break inside a submodule's forward or a helper -------------------------------
+
+
+class NoisyLayer(nn.Module):
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.n = n
+
+    def forward(self, x):
+        y = self.lin(x).relu()
+        if self.n == 1:
+            print("layer", self.n, "mean", float(y.mean()))  # .item() + print: graph breaks inside the layer
+        return y + x
+
+
+class WithNoisyLayers(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.layers = nn.ModuleList(NoisyLayer(i) for i in range(3))
+        self.head = nn.Linear(4, 2)
+
+    def helper(self, y):
+        print("helper")  # a graph break inside a helper method
+        return y * 2.0
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(self.helper(x))
+
+
+class Sandwich(nn.Module):
+    """Dynamo compiles this frame and breaks at the call of the noisy layer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(1)
+        self.pre = nn.Linear(4, 4)
+        self.mid = NoisyLayer(1)
+        self.post = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.post(self.mid(self.pre(x).sin())).cos()
+
+
+def case_break_in_submodule(phase: str, d: str) -> dict:
+    """A graph break inside a layer's forward and inside a helper: the root frame is
+    skipped by Dynamo (the break is in a loop over layers) or compiled with a break at
+    the layer's call; either way the callees' own programs replay."""
+    ok = True
+    for name, m in (("loop", WithNoisyLayers().eval()), ("sandwich", Sandwich().eval())):
+        x = torch.randn(2, 4)
+        f = serve(m, phase, f"{d}_{name}")
+        ok = ok and close(f(x), m(x)) and close(f(x), m(x))
+    return {"ok": ok}
+
+
+# -- 6. several instances of one class with a graph break (torchair-style per-layer) ----------
+
+
+class CachedLayer(nn.Module):
+    def __init__(self, i: int, cache_dir: str) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.k = float(i + 1)
+        self.cached = tcb.cache_compile(self.inner_forward, cache_dir=cache_dir, compiler="eager")
+
+    def inner_forward(self, x):
+        y = self.lin(x) * self.k
+        torch._dynamo.graph_break()
+        return (y + self.k).relu()
+
+    def forward(self, x):
+        return self.cached(x)
+
+
+def case_instances_with_break(phase: str, d: str) -> dict:
+    torch.manual_seed(0)
+    layers = [CachedLayer(i, d) for i in range(6)]
+    x = torch.randn(2, 4)
+    ok = True
+    for _ in range(2):
+        y = x
+        for layer in layers:
+            out = layer(y)
+            ok = ok and close(out, layer.inner_forward(y))
+            y = out
+    return {"ok": ok}
+
+
+# -- 5. a value read only after a graph break changes ---------------------------------------
+
+
+class LateRead(nn.Module):
+    def __init__(self, scale: float) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin = nn.Linear(4, 4)
+        self.scale = scale
+
+    def forward(self, x):
+        y = self.lin(x).relu()
+        torch._dynamo.graph_break()
+        return y * self.scale  # read only after the break
+
+
+def case_late_read(phase: str, d: str) -> dict:
+    m, x = LateRead(2.0 if phase == "cold" else 3.0).eval(), torch.randn(2, 4)
+    f = serve(m, phase, d)
+    return {"ok": close(f(x), m(x)) and close(f(x), m(x))}
+
+
+# -- 4. decorated forwards and torch.nn built-in roots (Dynamo's wrap_inline frames) --------
+
+
+class NoGradForward(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin = nn.Linear(4, 4)
+
+    @torch.no_grad()
+    def forward(self, x):
+        return self.lin(x).tanh()
+
+
+class InferenceForward(NoGradForward):
+    @torch.inference_mode()
+    def forward(self, x):
+        return self.lin(x).sigmoid()
+
+
+def _builtin_roots() -> dict:
+    torch.manual_seed(0)
+    return {
+        "seq_a": nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 4)).eval(),
+        "seq_b": nn.Sequential(nn.Linear(4, 4), nn.Tanh()).eval(),  # another Sequential, same cache dir
+        "encoder": nn.TransformerEncoderLayer(d_model=4, nhead=2, dim_feedforward=8, dropout=0.0,
+                                              batch_first=True).eval(),
+    }
+
+
+def case_wrapped_roots(phase: str, d: str) -> dict:
+    """Each model in its own dir except the two Sequentials, which share one."""
+    x = torch.randn(2, 3, 4)
+    models = {"no_grad": NoGradForward().eval(), "inference": InferenceForward().eval(), **_builtin_roots()}
+    ok = {}
+    for name, m in models.items():
+        sub = "seq" if name.startswith("seq") else name
+        f = serve(m, phase, f"{d}_{sub}")
+        ok[name] = close(f(x), m(x)) and close(f(x), m(x))
+    return {"ok": all(ok.values()), "each": ok}
+
+
+def noisy_helper(y):
+    """A module-level helper with a graph break, called by a forward."""
+    print("noisy helper")
+    return (y * 3.0).sin()
+
+
+class CallsHelper(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(2)
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return noisy_helper(self.lin(x)) + 1.0
+
+
+def case_break_in_function(phase: str, d: str) -> dict:
+    m, x = CallsHelper().eval(), torch.randn(2, 4)
+    f = serve(m, phase, d)
+    return {"ok": close(f(x), m(x)) and close(f(x), m(x))}

@@ -12,7 +12,9 @@ from __future__ import annotations
 import pytest
 
 CASES = ("global_hook", "forward_assigned", "generate", "buckets_default_bound", "buckets_max_variants",
-         "print_first", "cond", "checkpoint", "local_class", "staticmethod")
+         "print_first", "cond", "checkpoint", "local_class", "staticmethod",
+         "instances_with_break", "break_in_submodule",
+         "late_read", "wrapped_roots", "break_in_function")
 
 CHILD = """
 import os, sys, traceback
@@ -186,3 +188,53 @@ def test_local_class_and_staticmethod_replay(outcome, name):
     assert cold["frames"] >= 1, cold
     _replayed(warm)
     _replayed(warm2)
+
+
+def test_instances_of_one_class_with_a_graph_break_each_replay(outcome):
+    """Six layers, each with its own cache_compile of a method with a graph break: the
+    code after the break replays for every instance (the shared resume global routes by
+    instance), none runs eagerly."""
+    cold, warm, warm2 = _cases(outcome, "instances_with_break")
+    _replayed(warm)
+    _replayed(warm2)
+    assert warm["stats"]["bypass_loads"] == 6, _why(warm)
+
+
+def test_graph_break_inside_a_layer_or_helper_replays(outcome):
+    """The callee's own program (stored cold) is installed and replayed warm: no Dynamo
+    frame, nothing eager, for a root Dynamo skipped and for one it compiled."""
+    cold, warm, warm2 = _cases(outcome, "break_in_submodule")
+    _replayed(warm)
+    _replayed(warm2)
+    assert warm["stats"]["bypass_loads"] == 7, _why(warm)  # 2 roots, 3 + 1 layers, 1 helper
+
+
+def test_graph_break_inside_a_module_level_helper_replays(outcome):
+    """The forward calls the helper by its global name: the replayed forward calls the
+    helper's replay (under a name of ours; the module's global is left alone)."""
+    cold, warm, warm2 = _cases(outcome, "break_in_function")
+    _replayed(warm)
+    _replayed(warm2)
+    assert warm["stats"]["bypass_loads"] == 2, _why(warm)
+
+
+def test_value_read_after_a_graph_break_changes(outcome):
+    """self.scale 2.0 cold, 3.0 warm, read only after the break: the first warm start
+    compiles the continuation (one counted fallback, never eager), the next replays it."""
+    cold, warm, warm2 = _cases(outcome, "late_read")
+    assert warm["frames"] == 1, _why(warm)
+    assert warm["stats"]["fallback_reasons"] == {"code after a graph break compiled (no cached variant fits)": 1}, \
+        _why(warm)
+    assert not any("runs eagerly" in line for line in warm["logs"]), _why(warm)
+    _replayed(warm2)
+
+
+def test_decorated_forwards_and_builtin_roots_replay(outcome):
+    """@torch.no_grad()/@torch.inference_mode() forwards, nn.Sequential and
+    nn.TransformerEncoderLayer roots: Dynamo compiles its wrap_inline frame, filed under
+    the model (not one key for all); two Sequentials in one dir each get their own."""
+    cold, warm, warm2 = _cases(outcome, "wrapped_roots")
+    assert cold["frames"] == 5, cold
+    _replayed(warm)
+    _replayed(warm2)
+    assert warm["stats"]["bypass_loads"] == 5 and all(warm["each"].values()), _why(warm)

@@ -20,12 +20,15 @@ from __future__ import annotations
 import builtins
 import hashlib
 import json
+import os
 import re
 import sys
 import threading
 import time
 import types
 from typing import Any
+
+import torch
 
 from .. import code_codec
 from ..cached_graph import CachedGraph
@@ -38,6 +41,7 @@ from .program import (
     merge_programs,
     program_key,
     program_store,
+    target_identity,
     type_path,
     used_roots,
 )
@@ -54,6 +58,12 @@ DYNAMO_PREFIXES = ("__compiled_fn", "__import_", "___module_", "__builtins_dict_
 #: (not ``_dynamo_static_input_type``: Dynamo itself sets it on parameters while tracing)
 _TORCHAIR_TENSOR_ATTRS = ("dim_gears",)
 _BY_ID = re.compile(r"_\d+_c\d+$")  # Dynamo's install_global_by_id names
+#: id(transformed code) -> (code, builder, receiver name): recorded frames, to find who calls a compiled method
+_out_codes: dict[int, tuple[types.CodeType, ProgramBuilder, str | None]] = {}
+_INTERNAL_DIRS = (os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,
+                  os.path.dirname(os.path.abspath(torch.__file__)) + os.sep)
+_EVAL_FRAME = os.path.join("_dynamo", "eval_frame.py")
+_EXTERNAL_UTILS = os.path.join("_dynamo", "external_utils.py")
 #: bumped on every frame Dynamo transforms, so callers can skip re-checking when nothing compiled
 generation = 0
 
@@ -91,9 +101,15 @@ class ProgramBuilder:
         self.files: dict[str, bytes] = {}
         self.variants: list[dict[str, Any]] = []
         self.resumes: dict[str, dict[str, Any]] = {}
+        #: methods compiled on their own and called by this function ({"path": submodule, "attr": name})
+        self.callees: list[dict[str, str]] = []
+        #: Dynamo skipped this function's own frame (it runs as Python, its callees replayed)
+        self.eager_root = False
 
     def program(self) -> dict[str, Any]:
         return {
+            "callees": self.callees,
+            "eager_root": self.eager_root,
             "format": PROGRAM_FORMAT,
             "function": self.identity,
             "fingerprint": self.fingerprint,
@@ -123,6 +139,25 @@ class ProgramBuilder:
 
     def variant_count(self) -> int:
         return len(self.variants)
+
+
+def adopt_resume(cache_dir: str, key: str, program: dict[str, Any], group: dict[str, Any], origin: str,
+                 code: types.CodeType, code_blob: bytes, receiver: str | None, max_variants: int) -> None:
+    """A warm start compiles a continuation no cached variant fits (``code``, the
+    original resume code it loaded): its frame joins the stored program's group."""
+    with _lock:
+        builder = _builders.get((cache_dir, key))
+        if builder is None:
+            builder = ProgramBuilder(key, program["function"], cache_dir, program["compiler"], program["fingerprint"],
+                                     max_variants)
+            _builders[(cache_dir, key)] = builder
+        if origin not in builder.resumes:
+            builder.files[group["code"]] = code_blob
+            builder.resumes[origin] = {"code": group["code"], "name": group["name"],
+                                       "factory": bool(group.get("factory")), "frames": []}
+        owners = _resume_owners.setdefault(id(code), (code, []))
+        if owners[0] is code and all(b is not builder or o != origin for b, o, _ in owners[1]):
+            owners[1].append((builder, origin, receiver if _receiver_passed(receiver, code) else None))
 
 
 def builders_for(code: types.CodeType) -> list[ProgramBuilder]:
@@ -196,6 +231,7 @@ def _record(code: types.CodeType, out_code: types.CodeType) -> None:
             if first is not None and first.options is not None and first.options.cache_dir != builder.cache_dir:
                 continue  # this compile of the resume code belongs to another backend's cache
             fid = _add_frame(builder, code, out_code, output, names, graphs, receiver, resume_of=origin)
+            _out_codes[id(out_code)] = (out_code, builder, _receiver_name(receiver))
             group = builder.resumes[origin]
             if fid not in group["frames"]:
                 group["frames"].append(fid)
@@ -216,24 +252,150 @@ def _record(code: types.CodeType, out_code: types.CodeType) -> None:
     if options is None:
         return
     local_scope = getattr(output, "local_scope", None) or {}
-    receiver = receiver_ref(code, local_scope)
-    bound = receiver_value(receiver, local_scope)
-    if receiver is not None and not _is_receiver(code, bound, scope):
-        receiver, bound = None, None  # a staticmethod: its first argument is no receiver
-    identity = function_identity(code, scope.get("__name__"), type_path(bound))
-    fingerprint = code_codec.code_fingerprint(code)
+    wrapped = _wrap_inline_target(code, local_scope)
+    wrapper = None
+    if wrapped is not None:  # file it under what it wraps, as load(model) looks it up
+        func, bound, kind = wrapped
+        receiver, wrapper = None, {"kind": kind}
+        identity = target_identity(func, bound)
+        fingerprint = code_codec.code_fingerprint(func.__code__)
+    else:
+        receiver = receiver_ref(code, local_scope)
+        bound = receiver_value(receiver, local_scope)
+        if receiver is not None and not _is_receiver(code, bound, scope):
+            receiver, bound = None, None  # a staticmethod: its first argument is no receiver
+        identity = function_identity(code, scope.get("__name__"), type_path(bound))
+        fingerprint = code_codec.code_fingerprint(code)
     key = program_key(identity, fingerprint, compiler, options)
     builder = _builders.get((options.cache_dir, key))
     if builder is None:
         builder = ProgramBuilder(key, identity, options.cache_dir, compiler, fingerprint,
                                  getattr(options, "max_variants", 16))
         _builders[(options.cache_dir, key)] = builder
-    fid = _add_frame(builder, code, out_code, output, names, graphs, receiver, resume_of=None)
+    fid = _add_frame(builder, code, out_code, output, names, graphs, receiver, resume_of=None, wrapper=wrapper)
+    _out_codes[id(out_code)] = (out_code, builder, _receiver_name(receiver))
     if all(v["root"] != fid for v in builder.variants):
         builder.variants.append(
             {"root": fid, "tensor_state": tensor_state(bound), "created": round(time.time(), 3)}
         )
     builder.publish()
+    if wrapper is None:
+        _note_caller(code, bound, options, compiler)
+
+
+def _wrap_inline_target(code: types.CodeType, local_scope: dict[str, Any]) -> tuple[Any, Any, str] | None:
+    """For Dynamo's ``wrap_inline`` frame (``torch.compile`` of a module or function whose
+    own code Dynamo skips: torch.nn built-ins, forwards under ``@torch.no_grad()``...):
+    (function, receiver, kind) of what it wraps, else None."""
+    if code.co_name != "inner" or code.co_freevars != ("fn",) or not code.co_filename.endswith(_EXTERNAL_UTILS):
+        return None
+    target = local_scope.get("fn")
+    if isinstance(target, torch.nn.Module) and isinstance(type(target).forward, types.FunctionType):
+        return type(target).forward, target, "module"
+    if isinstance(target, types.MethodType) and isinstance(target.__func__, types.FunctionType):
+        if not isinstance(target.__self__, type):
+            return target.__func__, target.__self__, "method"
+    if isinstance(target, types.FunctionType):
+        return target, None, "function"
+    return None
+
+
+def _receiver_name(receiver: str | None) -> str | None:
+    return receiver.split("'")[1] if receiver and receiver.endswith("']") else None
+
+
+def _internal(filename: str) -> bool:
+    """Frames of torch (Dynamo, nn.Module's call machinery) and of this package."""
+    return filename.startswith(_INTERNAL_DIRS)
+
+
+def _method_name(cls: type, code: types.CodeType) -> str | None:
+    """The attribute of ``cls`` whose function runs ``code`` (``forward``, a helper method)."""
+    for klass in cls.__mro__:
+        for name, attr in vars(klass).items():
+            if getattr(getattr(attr, "__func__", attr), "__code__", None) is code and not isinstance(
+                    attr, (staticmethod, classmethod)):
+                return name
+    return None
+
+
+def _note_caller(code: types.CodeType, bound: Any, options: Any, compiler: str) -> None:
+    """Record a compiled method (a submodule's forward, a helper) in the program of the
+    frame that called it at run time, so a warm start installs its replay there:
+
+    * the caller is Dynamo's transformed code of a recorded frame (the callee ran at a
+      graph break of the caller: a ``print``/``.item()`` inside a layer);
+    * or the caller is the very frame ``torch.compile`` was asked to compile, which
+      Dynamo skipped (a graph break inside a loop over layers): its program says so
+      (``eager_root``), and the warm start runs it as Dynamo did, its callees replayed.
+    """
+    import torch
+
+    if isinstance(bound, type):
+        return
+    attr = _method_name(type(bound), code) if bound is not None else None
+    if bound is not None and attr is None:
+        return
+    f = sys._getframe(2)
+    while f is not None and _internal(f.f_code.co_filename):
+        f = f.f_back
+    if f is None:
+        return
+    caller = f.f_code
+    owner = _out_codes.get(id(caller))
+    if bound is None:  # a module-level function, called by its global name from a recorded frame
+        if owner is None or owner[0] is not caller:
+            return
+        for name in caller.co_names:
+            value = f.f_globals.get(name)
+            if getattr(value, "__code__", None) is code:
+                callee = {"global": name}
+                if callee not in owner[1].callees:
+                    owner[1].callees.append(callee)
+                    owner[1].publish()
+                return
+        return
+    if owner is not None and owner[0] is caller:
+        builder, receiver_name = owner[1], owner[2]
+    else:
+        builder, receiver_name = None, None
+        g = f.f_back
+        while g is not None and _internal(g.f_code.co_filename):
+            if g.f_code.co_filename.endswith(_EVAL_FRAME):
+                receiver_name = caller.co_varnames[0] if caller.co_argcount else None
+                break
+            g = g.f_back
+        if receiver_name is None:
+            return  # plain code calling a compiled method: nobody to attach it to
+    if receiver_name is None:
+        return
+    recv = f.f_locals.get(receiver_name)
+    if recv is None or not _is_receiver(caller, recv, f.f_globals):
+        return
+    if recv is bound:
+        path = ""
+    elif isinstance(recv, torch.nn.Module):
+        path = next((name for name, mod in recv.named_modules() if mod is bound and name), None)
+        if path is None:
+            return
+    else:
+        return
+    if builder is None:
+        identity = function_identity(caller, f.f_globals.get("__name__"), type_path(recv))
+        fingerprint = code_codec.code_fingerprint(caller)
+        key = program_key(identity, fingerprint, compiler, options)
+        builder = _builders.get((options.cache_dir, key))
+        if builder is None:
+            builder = ProgramBuilder(key, identity, options.cache_dir, compiler, fingerprint,
+                                     getattr(options, "max_variants", 16))
+            _builders[(options.cache_dir, key)] = builder
+        builder.eager_root = True
+    elif path == "" and attr == _method_name(type(recv), caller):
+        return
+    callee = {"path": path, "attr": attr}
+    if callee not in builder.callees:
+        builder.callees.append(callee)
+        builder.publish()
 
 
 def _is_receiver(code: types.CodeType, value: Any, scope: dict[str, Any]) -> bool:
@@ -356,6 +518,7 @@ def _add_frame(
     graphs: dict[str, CachedGraph],
     receiver: str | None,
     resume_of: str | None,
+    wrapper: dict[str, str] | None = None,
 ) -> str:
     scope = output.global_scope
     unsupported: list[str] = []
@@ -402,8 +565,10 @@ def _add_frame(
         "traced": traced,
         "unsupported": "; ".join(unsupported) or None,
     }
+    if wrapper is not None:
+        frame["wrapper"] = wrapper
     fid = _digest([code_codec.code_fingerprint(renamed), descs, resume_of, traced, guards.digest, guards.consts,
-                   frame["unsupported"]])[:20]
+                   frame["unsupported"], wrapper])[:20]
     builder.files[f"{fid}.code"] = code_blob
     guards_blob = None
     if guards.blob is not None:

@@ -20,6 +20,7 @@ guards stand in for Dynamo's:
 from __future__ import annotations
 
 import builtins
+import hashlib
 import time
 import types
 from collections.abc import Callable
@@ -32,8 +33,8 @@ from ..options import BackendOptions, parse_options
 from ..stats import record, record_fallback
 from .dynamo_stub import module_for
 from .guard_runtime import CHECKS_FORMAT, GuardChecks, build_checks, receiver_locals
-from .program import PROGRAM_FORMAT, function_identity, program_key, program_store, type_path
-from .replay import ReplayedFunction, ResumeDispatch, ResumeFactory, Variant, always
+from .program import PROGRAM_FORMAT, program_key, program_store, target_identity
+from .replay import ReplayedFunction, ResumeDispatch, ResumeFactory, ResumeRouter, Variant, always
 from .sources import stale_sources, tensor_state, tensor_state_difference
 
 
@@ -88,7 +89,7 @@ def build_replay(
     func, bound_self = resolve_target(target)
     code = func.__code__
     compiler_name = options.resolved_compiler()
-    identity = function_identity(code, func.__globals__.get("__name__"), type_path(bound_self))
+    identity = target_identity(func, bound_self)
     name = getattr(func, "__qualname__", None) or identity["qualname"]  # a decorated forward keeps its own name
     key = program_key(identity, code_codec.code_fingerprint(code), compiler_name, options)
     store = program_store(options.cache_dir)
@@ -109,6 +110,12 @@ def build_replay(
             variants.append(builder.variant(variant))
         except _Rejected as exc:
             rejected.append(str(exc))
+    if not variants and program.get("eager_root") and not rejected:
+        # Dynamo skipped this frame (e.g. a graph break in a loop over layers): it runs as
+        # Python, as under torch.compile, and the methods it calls replay (installed below)
+        log.info("npu_cached: %s itself runs as Python (Dynamo skipped its frame); the methods it calls replay",
+                 name)
+        variants.append(Variant(always, func, None))
     if not variants:
         why = " | ".join(list(dict.fromkeys(rejected))[:2]) or "it has no variant"
         if len(rejected) > 2:
@@ -126,11 +133,50 @@ def build_replay(
     if module is not None and not isinstance(target, torch.nn.Module):
         module = None
     replay = ReplayedFunction(variants, bound_self, name, fallback, module, original=func)
+    if program.get("callees") and bound_self is not None and not isinstance(bound_self, type):
+        _install_callees(bound_self, program["callees"], options, name)
     dt = time.perf_counter() - t0
     record(bypass_loads=1, load_seconds=dt)
     log.info("npu_cached bypass load %s (%s, %d of %d variant(s)) in %.3fs", name, compiler_name,
              len(variants), len(program.get("variants", [])), dt)
     return replay
+
+
+def _install_callees(bound_self: Any, callees: list[dict[str, str]], options: BackendOptions, name: str) -> None:
+    """Methods the function calls that Dynamo compiled on their own (a graph break
+    inside a layer's forward or a helper): each gets its own replay, installed on the
+    instance (``layer.forward``, ``self.helper``), so the replayed (or, for a frame
+    Dynamo skipped, plain) caller calls the replay. A callee with no usable program
+    gets a stand-in that compiles it (a counted fallback), never plain eager."""
+    import torch
+
+    for callee in callees:
+        path, attr = callee.get("path", ""), callee.get("attr", "")
+        try:
+            owner = bound_self.get_submodule(path) if path else bound_self
+        except (AttributeError, TypeError):
+            log.info("npu_cached: %s: callee %s.%s is not there; not installed", name, path or "self", attr)
+            continue
+        func = None
+        for klass in type(owner).__mro__:
+            if attr in vars(klass):
+                func = vars(klass)[attr]
+                break
+        if not isinstance(func, types.FunctionType):
+            continue
+        if attr in owner.__dict__ and not isinstance(owner.__dict__[attr], ReplayedFunction):
+            log.info("npu_cached: %s: %s.%s is set on the instance; its cached program is not installed",
+                     name, path or "self", attr)
+            continue
+        method = types.MethodType(func, owner)
+        try:
+            replay: Callable[..., Any] = build_replay(method, options)
+        except CacheMiss as miss:
+            record_fallback(_reason_kind(str(miss)))
+            log.info("npu_cached: %s calls %s.%s: %s; compiling it instead", name, path or "self", attr, miss)
+            replay = _compiling_stand_in(method, options, str(miss))
+        if isinstance(owner, torch.nn.Module) or hasattr(owner, "__dict__"):
+            owner.__dict__[attr] = replay
 
 
 def _torch_compile_fallback(target: Any, options: BackendOptions) -> Callable[[], Callable[..., Any]]:
@@ -182,6 +228,28 @@ def _why_missing(
     return f"no cached program for {name} (compiler {compiler}) in {cache_dir}"
 
 
+class _Site:
+    """The parts of a function a frame is rebuilt with (for ``wrap_inline`` frames)."""
+
+    def __init__(self, defaults: Any, kwdefaults: Any, closure: tuple[Any, ...], freevars: tuple[str, ...]) -> None:
+        self.__defaults__ = defaults
+        self.__kwdefaults__ = kwdefaults
+        self.__closure__ = closure
+        self.__code__ = types.SimpleNamespace(co_freevars=freevars)
+
+
+def _renamed(code: types.CodeType, rename: dict[str, str]) -> types.CodeType:
+    consts = tuple(_renamed(c, rename) if isinstance(c, types.CodeType) else c for c in code.co_consts)
+    return code.replace(co_names=tuple(rename.get(n, n) for n in code.co_names), co_consts=consts)
+
+
+def _without_receiver(fn: Callable[..., Any]) -> Callable[..., Any]:
+    def call(receiver: Any, *args: Any, **kwargs: Any) -> Any:
+        return fn(*args, **kwargs)
+
+    return call
+
+
 class _ReplayBuilder:
     """Builds the variants of one program: checks, frame functions, graphs."""
 
@@ -203,6 +271,33 @@ class _ReplayBuilder:
         self.values: dict[str, Any] = {}  # our global name -> value (installed into scope once all checks pass)
         self.context: dict[str, dict[str, Any]] = {}
         self.consts: dict[str, Any] = {}  # decoded guard constants, shared by the program's frames
+        self.renames = self._global_callees(program.get("callees", []))
+
+    def _global_callees(self, callees: list[dict[str, str]]) -> dict[str, str]:
+        """Module-level functions the frames call by name that Dynamo compiled on their own
+        (a graph break inside a helper): each gets its own replay under a name of ours,
+        and the frames' code calls that name (the module's own global is left alone)."""
+        renames: dict[str, str] = {}
+        for callee in callees:
+            name = callee.get("global")
+            func = self.scope.get(name) if name else None
+            if not isinstance(func, types.FunctionType):
+                continue
+            ours = "___tcb_callee_" + hashlib.sha256(f"{func.__module__}.{func.__qualname__}".encode()).hexdigest()[:16]
+            if not isinstance(self.scope.get(ours), ReplayedFunction):
+                try:
+                    replay: Callable[..., Any] = build_replay(func, self.options)
+                except CacheMiss as miss:
+                    record_fallback(_reason_kind(str(miss)))
+                    log.info("npu_cached: %s calls %s: %s; compiling it instead", self.func.__qualname__, name, miss)
+                    replay = _compiling_stand_in(func, self.options, str(miss))
+                self.scope[ours] = replay
+            renames[name] = ours
+        return renames
+
+    def _code(self, blob: str) -> types.CodeType:
+        code = code_codec.loads_code(self.files[blob])
+        return _renamed(code, self.renames) if self.renames else code
 
     # -- variants -------------------------------------------------------
     def variant(self, variant: dict[str, Any]) -> Variant:
@@ -215,17 +310,38 @@ class _ReplayBuilder:
             diffs = tensor_state_difference(variant["tensor_state"], tensor_state(self.bound_self) or {})
             if diffs:
                 raise _Rejected(f"parameters/buffers changed ({'; '.join(diffs[:3])})")
-        checks = self._checks(frame, resume=False)
+        site = self._site(frame)
+        checks = self._checks(frame, resume=False, site=site)
         pending = self._globals(frame)  # also builds resume groups and loads graphs
         for name, value in pending.items():
             self.scope[name] = value
-        code = code_codec.loads_code(self.files[frame["code"]])
-        fn = types.FunctionType(code, self.scope, code.co_name, self.func.__defaults__, self.func.__closure__)
-        fn.__kwdefaults__ = self.func.__kwdefaults__
+        code = self._code(frame["code"])
+        fn: Callable[..., Any] = types.FunctionType(code, self.scope, code.co_name, site.__defaults__,
+                                                    site.__closure__)
+        fn.__kwdefaults__ = site.__kwdefaults__  # type: ignore[attr-defined]
         used = ((self.options.cache_dir, self.key), fid)
-        if checks is None:
-            return Variant(always, fn, None, used)
-        return Variant(self._per_call(checks), fn, checks, used)
+        check: Callable[..., bool] = always if checks is None else self._per_call(checks)
+        if frame.get("wrapper") and self.bound_self is not None:  # inner(*args): called without the receiver
+            fn, check = _without_receiver(fn), _without_receiver(check)
+        return Variant(check, fn, checks, used)
+
+    def _site(self, frame: dict[str, Any]) -> Any:
+        """What the frame's function is made with: the replayed function's defaults and
+        closure, or for Dynamo's ``wrap_inline`` frame (a torch.nn built-in or decorated
+        forward: ``inner(*args, **kwargs)`` calling ``fn``) a closure over what it wraps."""
+        wrapper = frame.get("wrapper")
+        if not wrapper:
+            return self.func
+        kind = wrapper.get("kind")
+        if kind == "module" and self.bound_self is not None:
+            wrapped: Any = self.bound_self
+        elif kind == "method" and self.bound_self is not None:
+            wrapped = types.MethodType(self.func, self.bound_self)
+        elif kind == "function" and self.bound_self is None:
+            wrapped = self.func
+        else:
+            raise _Rejected(f"it was compiled for another kind of target ({kind})")
+        return _Site(None, None, (types.CellType(wrapped),), ("fn",))
 
     def _fixed(self, checks: GuardChecks) -> bool:
         """Whether the frame's receiver is fixed for the replay's lifetime (or it has none):
@@ -242,8 +358,9 @@ class _ReplayBuilder:
         if stale:
             raise _Rejected(f"code changed since caching ({'; '.join(stale[:3])})")
 
-    def _checks(self, frame: dict[str, Any], resume: bool) -> GuardChecks | None:
+    def _checks(self, frame: dict[str, Any], resume: bool, site: Any = None) -> GuardChecks | None:
         """The frame's checks; load-time guards evaluated now (a failure rejects it)."""
+        site = self.func if site is None else site
         guards = frame.get("guards") or {}
         if self.options.guards == "none":
             return None
@@ -260,15 +377,15 @@ class _ReplayBuilder:
                                   self.scope, receiver, self.bound_self if resume and bound else None, self.consts)
         except code_codec.CodecError as exc:
             raise _Rejected(f"a value its guards compare with cannot be rebuilt here: {exc}") from exc
-        kwdefaults = dict(self.func.__kwdefaults__ or {}) if not resume else {}
+        kwdefaults = dict(site.__kwdefaults__ or {}) if not resume else {}
         if guards.get("uses_cells") and not resume:
-            kwdefaults["___cells"] = self.func.__closure__ or ()
+            kwdefaults["___cells"] = site.__closure__ or ()
         if not resume:
-            checks.set_defaults(self.func.__defaults__, kwdefaults)
+            checks.set_defaults(site.__defaults__, kwdefaults)
         if fixed and self.options.guards != "call":  # "call" checks them all per call, against the state then
             local = receiver_locals(receiver, self.bound_self) if bound else {}
-            if not resume and self.func.__closure__:
-                for name, cell in zip(self.func.__code__.co_freevars, self.func.__closure__, strict=False):
+            if not resume and site.__closure__:
+                for name, cell in zip(site.__code__.co_freevars, site.__closure__, strict=False):
                     try:
                         local[name] = cell.cell_contents
                     except ValueError:  # an empty cell
@@ -296,7 +413,7 @@ class _ReplayBuilder:
             if kind == "graph":
                 value: Any = self._graph(desc["key"], desc["compiler"])
             elif kind == "resume":
-                value = self._resume(desc["origin"])
+                value = self._resume(desc["origin"], name)
             elif kind in ("module", "builtins", "value"):
                 value = self._light_value(desc)
             else:
@@ -306,11 +423,11 @@ class _ReplayBuilder:
         return out
 
     # -- resume groups --------------------------------------------------
-    def _resume(self, origin: str) -> Any:
+    def _resume(self, origin: str, global_name: str = "") -> Any:
         group = self.program.get("resumes", {}).get(origin)
         if group is None:
             raise _Rejected(f"resume function {origin} is missing from the program")
-        eager = code_codec.loads_code(self.files[group["code"]])
+        eager = self._code(group["code"])
         variants: list[tuple[Callable[..., bool], types.CodeType]] = []
         for fid in group.get("frames", []):
             frame = self.frames.get(fid)
@@ -324,12 +441,64 @@ class _ReplayBuilder:
             except _Rejected as exc:
                 log.info("npu_cached: a cached variant after a graph break (%s) is not used: %s", group["name"], exc)
                 continue
-            code = code_codec.loads_code(self.files[frame["code"]])
+            code = self._code(frame["code"])
             variants.append((always if checks is None else self._per_call(checks), code))
         variants.reverse()  # newest first
+        compile_ = self._resume_compiler(group, origin)
         if group.get("factory"):
-            return ResumeFactory(variants, eager, self.scope, group["name"])
-        return ResumeDispatch(variants, eager, self.scope, group["name"])
+            dispatch: Any = ResumeFactory(variants, eager, self.scope, group["name"], compile_)
+        else:
+            dispatch = ResumeDispatch(variants, eager, self.scope, group["name"], compile_)
+        return self._routed(group, eager, dispatch, global_name)
+
+    def _receiver_ref(self, fids: list[str]) -> str | None:
+        for fid in fids:
+            receiver = ((self.frames.get(fid) or {}).get("guards") or {}).get("receiver")
+            if receiver:
+                return receiver
+        return None
+
+    def _resume_compiler(self, group: dict[str, Any], origin: str) -> Callable[[Any], Callable[..., Any]]:
+        """How a continuation no cached variant fits is served: compiled by Dynamo with
+        this program's options, its frame joining this program's resume group (so the
+        next start replays it)."""
+        options, key, program, files = self.options, self.key, self.program, self.files
+        roots = [v["root"] for v in program.get("variants", [])]
+        receiver = self._receiver_ref(roots + list(group.get("frames", [])))
+
+        def compile_(fn: Any) -> Callable[..., Any]:
+            import torch
+
+            from ..backend import make_backend
+            from .capture import adopt_resume
+
+            backend = make_backend(**{k: v for k, v in options.as_dict().items() if v is not None})
+            adopt_resume(options.cache_dir, key, program, group, origin, fn.__code__, files[group["code"]], receiver,
+                         options.max_variants)
+            return torch.compile(fn, backend=backend, dynamic=options.dynamic)
+
+        return compile_
+
+    def _routed(self, group: dict[str, Any], eager: types.CodeType, dispatch: Any, global_name: str) -> Any:
+        """The resume global is one name in the module's globals: when its variants check
+        this receiver, route by receiver, so every instance's replay keeps its own."""
+        receiver = None
+        for fid in group.get("frames", []):
+            receiver = ((self.frames.get(fid) or {}).get("guards") or {}).get("receiver") or receiver
+        if self.bound_self is None or receiver is None or not receiver.endswith("']"):
+            return dispatch
+        name = receiver.split("'")[1]
+        if name not in eager.co_varnames[: eager.co_argcount]:
+            return dispatch
+        index = eager.co_varnames.index(name)
+        router = self.scope.get(global_name)
+        if not (isinstance(router, ResumeRouter) and router.index == index and router.eager == eager):
+            router = ResumeRouter(index, bool(group.get("factory")), eager, self.scope, group["name"])
+        try:
+            router.add(self.bound_self, dispatch)
+        except TypeError:  # a receiver without weak references: one dispatch, as before
+            return dispatch
+        return router
 
     # -- graphs ---------------------------------------------------------
     def _graph(self, key: str, compiler_name: str) -> Callable[..., Any]:

@@ -24,6 +24,8 @@ serves more static buckets than the bound keeps them all: the cache settles).
 
 from __future__ import annotations
 
+import os
+import sys
 import types
 from typing import Any
 
@@ -59,6 +61,19 @@ def function_identity(code: types.CodeType, module: str | None, receiver_type: s
         "name": code.co_name,
         "receiver_type": receiver_type,
     }
+
+
+def target_identity(func: Any, bound: Any) -> dict[str, Any]:
+    """The identity of what ``load(target)`` replays: its function and receiver. A plain
+    function wrapped by a torch decorator (``@torch.no_grad()``: one wrapper code for all)
+    is named by what it wraps too, so two such functions never share a program."""
+    code = func.__code__
+    identity = function_identity(code, func.__globals__.get("__name__"), type_path(bound))
+    torch = sys.modules.get("torch")
+    if bound is None and getattr(func, "__wrapped__", None) is not None and torch is not None:
+        if code.co_filename.startswith(os.path.dirname(torch.__file__) + os.sep):
+            identity["qualname"] += f"[{func.__module__}.{func.__qualname__}]"
+    return identity
 
 
 def type_path(obj: Any) -> str | None:
@@ -132,6 +147,9 @@ def merge_programs(
         ours = set(group.get("frames", []))
         mine["frames"] = _bounded_ids(mine["frames"], max_variants, ours)
     merged["resumes"] = resumes
+    merged["callees"] = list(old.get("callees", []))
+    merged["callees"] += [c for c in new.get("callees", []) if c not in merged["callees"]]
+    merged["eager_root"] = bool(old.get("eager_root") or new.get("eager_root"))
     return _prune(merged, {**old_files, **new_files})
 
 
