@@ -620,7 +620,9 @@ class TorchairCompiler:
 
         partition = nfc._get_partition_fn(config) if hasattr(nfc, "_get_partition_fn") else None
         kwargs: dict[str, Any] = {"partition_fn": partition} if partition is not None else {}
-        with functorch_config.patch(enable_autograd_cache=False, force_non_lazy_backward_lowering=True):
+        # GE does not reuse donated buffers: without them backward(retain_graph=True) works
+        with functorch_config.patch(enable_autograd_cache=False, force_non_lazy_backward_lowering=True,
+                                    donated_buffer=False):
             fn = aot_module_simplified(
                 gm, example_inputs, fw_compiler=stage("forward"), bw_compiler=stage("backward"),
                 keep_inference_input_mutations=bool(config.experimental_config.keep_inference_input_mutations),
