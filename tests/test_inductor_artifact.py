@@ -348,7 +348,9 @@ def test_no_cpp_compile_on_load(compiled_cases: tuple[dict[str, Any], dict[str, 
 
 
 @pytest.mark.slow
-def test_training_graph_is_not_cached(tmp_path: Path) -> None:
+def test_inference_compile_declines_training_graphs(tmp_path: Path) -> None:
+    """``compile`` is the inference entry: a graph that needs autograd goes to
+    ``compile_training`` (forward + backward in one artifact, tests/test_training.py)."""
     model = torch.nn.Linear(4, 2)
     res = compile_case(model, (torch.randn(3, 4),), tmp_path)
     assert res.artifact is None

@@ -124,6 +124,14 @@ def step_plain(fn: Callable[..., Any], model: nn.Module, batch: dict[str, Any]) 
     return loss
 
 
+def step_retain(fn: Callable[..., Any], model: nn.Module, batch: dict[str, Any]) -> torch.Tensor:
+    """Two backwards over one graph (``retain_graph=True`` first)."""
+    loss = _mse(fn(batch["x"]), batch)
+    loss.backward(retain_graph=True)
+    (loss * 0.5).backward()
+    return loss
+
+
 def step_accumulate(fn: Callable[..., Any], model: nn.Module, batch: dict[str, Any]) -> torch.Tensor:
     """Gradient accumulation: two forwards then one backward, then a third micro-batch."""
     x = batch["x"]
@@ -177,7 +185,7 @@ def tiny_llama() -> nn.Module:
 CASES: dict[str, tuple[Callable[[], nn.Module], Callable[..., torch.Tensor], bool, float]] = {
     "dropout": (DropoutMLP, step_plain, True, 1e-5),
     "accumulate": (Plain, step_accumulate, False, 1e-5),
-    "batchnorm": (BatchNormed, step_plain, True, 1e-5),
+    "batchnorm": (BatchNormed, step_retain, True, 1e-5),  # + backward twice, retain_graph=True
     "frozen": (Adapter, step_plain, False, 1e-5),
     "checkpoint": (Checkpointed, step_plain, False, 1e-5),
     "autocast": (AutocastMLP, step_autocast, False, 2e-2),

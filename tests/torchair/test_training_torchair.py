@@ -45,7 +45,8 @@ class Net(torch.nn.Module):
         return self.b(self.drop(torch.relu(self.a(x))))
 
 model = Net()
-compiled = torch.compile(model, backend="npu_cached", options={{"compiler": "torchair", "cache_dir": {cache!r}}})
+compiled = torch.compile(model, backend="npu_cached",
+                         options={{"compiler": "torchair", "cache_dir": {cache!r}, "ge_cache": {ge_cache!r}}})
 out = compiled(torch.ones(3, 4))
 out.sum().backward()
 s = tcb.stats()
@@ -56,8 +57,8 @@ print(json.dumps({{"shape": list(out.shape), "requires_grad": out.requires_grad,
 """
 
 
-def _run(cache: str, dropout: bool = False) -> dict:
-    proc = run_script(RUN.format(cache=cache, dropout=dropout), timeout=300, shim=True)
+def _run(cache: str, dropout: bool = False, ge_cache: bool = False) -> dict:
+    proc = run_script(RUN.format(cache=cache, dropout=dropout, ge_cache=ge_cache), timeout=300, shim=True)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     assert lines, proc.stdout + proc.stderr
     return json.loads(lines[-1])
@@ -84,3 +85,13 @@ def test_torchair_training_graph_with_dropout_never_crashes(tmp_path):
     assert cold["shape"] == [3, 2] and len(cold["grads"]) == cold["params"], cold
     assert cold["misses"] == 1 and list(cold["reasons"].values()) == [1], cold
     assert "torchair" in next(iter(cold["reasons"])), cold
+
+
+def test_torchair_training_with_ge_cache_is_served_by_torchair_uncached(tmp_path):
+    """``ge_cache`` applies to inference graphs: a training graph is compiled by torchair's own
+    training route, uncached, with the reason."""
+    cache = str(tmp_path / "cache")
+    cold = _run(cache, ge_cache=True)
+    assert cold["shape"] == [3, 2] and len(cold["grads"]) == cold["params"], cold
+    assert any("ge_cache" in r for r in cold["reasons"]), cold
+    assert not glob.glob(os.path.join(cache, "graphs", "*", "files"))

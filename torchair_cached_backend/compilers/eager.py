@@ -77,7 +77,10 @@ class EagerCompiler:
             parts["backward"] = graph
             return make_boxed_func(graph.forward)
 
-        with functorch_config.patch(enable_autograd_cache=False, force_non_lazy_backward_lowering=True):
+        # no donated buffers: an eager backward never reuses saved tensors' memory, and without
+        # donation backward(retain_graph=True) works as it does in eager
+        with functorch_config.patch(enable_autograd_cache=False, force_non_lazy_backward_lowering=True,
+                                    donated_buffer=False):
             fn = aot_module_simplified(
                 gm, example_inputs, fw_compiler=fw_compiler, bw_compiler=bw_compiler,
                 partition_fn=min_cut_rematerialization_partition, keep_inference_input_mutations=True,

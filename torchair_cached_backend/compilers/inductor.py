@@ -543,7 +543,11 @@ def _compile_capturing(
         kwargs["decompositions"] = {**select_decomp_table(), **options.custom_decompositions}
     patch: dict[str, Any] = {"enable_autograd_cache": False}
     if training:
-        patch["force_non_lazy_backward_lowering"] = True
+        # the backward is compiled now, not at the first backward(); and without donated buffers
+        # (saved tensors' memory reused by the backward): torch.compile drops them when its first
+        # backward retains the graph, which a backward compiled in advance cannot know, so
+        # backward(retain_graph=True) works at every step
+        patch.update(force_non_lazy_backward_lowering=True, donated_buffer=False)
     with functorch_config.patch(**patch):
         fn = cfx.compile_fx(gm, example_inputs, **kwargs)
     return fn, captures, disable_amp

@@ -580,6 +580,15 @@ class TorchairCompiler:
         from .autograd_runtime import TrainingUnsupported, describe
 
         config = _default_config(options)
+        blocker = None
+        if is_aclgraph_mode(config):
+            blocker = f"torchair {config_mode(config)} (aclgraph) training graphs are not cached"
+        elif _uses_ge_cache(options, config):
+            blocker = "ge_cache applies to inference graphs; this training graph is not cached"
+        if blocker is not None:  # torchair's own training route serves it, as torchair would
+            backend = torchair.get_npu_backend(compiler_config=config,
+                                               custom_decompositions=dict(options.custom_decompositions or {}))
+            return CompileResult(backend(gm, example_inputs), None, blocker)
         _install_deterministic_guard()
         try:
             from torchair.configs.compiler_config import _check_config_support
@@ -620,7 +629,9 @@ class TorchairCompiler:
 
         partition = nfc._get_partition_fn(config) if hasattr(nfc, "_get_partition_fn") else None
         kwargs: dict[str, Any] = {"partition_fn": partition} if partition is not None else {}
-        with functorch_config.patch(enable_autograd_cache=False, force_non_lazy_backward_lowering=True):
+        # GE does not reuse donated buffers: without them backward(retain_graph=True) works
+        with functorch_config.patch(enable_autograd_cache=False, force_non_lazy_backward_lowering=True,
+                                    donated_buffer=False):
             fn = aot_module_simplified(
                 gm, example_inputs, fw_compiler=stage("forward"), bw_compiler=stage("backward"),
                 keep_inference_input_mutations=bool(config.experimental_config.keep_inference_input_mutations),
@@ -629,10 +640,6 @@ class TorchairCompiler:
         try:
             if "reason" in parts:
                 raise TrainingUnsupported(parts["reason"])
-            if is_aclgraph_mode(config):
-                raise TrainingUnsupported(f"torchair {config_mode(config)} (aclgraph) training graphs are not cached")
-            if _uses_ge_cache(options, config):
-                raise TrainingUnsupported("ge_cache applies to inference graphs; this training graph is not cached")
             if "forward" not in parts or "backward" not in parts:
                 raise TrainingUnsupported("AOTAutograd did not produce a forward and a backward graph")
             (fw, fw_src), (bw, bw_src) = parts["forward"], parts["backward"]
