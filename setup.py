@@ -12,7 +12,7 @@ setup(
     packages=find_packages(include=["torchair_cached_backend", "torchair_cached_backend.*"]),
     # torch_npu users run 2.1 .. 2.14 (torchair ships inside torch_npu); torch >= 2.6 has the
     # Dynamo bytecode hook and standalone Inductor APIs this package builds on.
-    install_requires=["torch>=2.6,<2.15", "filelock>=3.12"],
+    install_requires=["torch>=2.6,<2.15"],
     extras_require={
         # transformers: the real-model coverage suite (tiny random configs, never downloads);
         # 4.57+ has the decorator-wrapped forwards and cache classes it exercises, 5.x works with torch 2.13

@@ -15,9 +15,10 @@ import subprocess
 import sys
 import tarfile
 import textwrap
+import time
 
 import pytest
-from subprocess_helpers import run_python
+from subprocess_helpers import REPO, run_python
 
 from torchair_cached_backend import cli
 from torchair_cached_backend.bundle import BUNDLE_MANIFEST, BundleError, pack, unpack, verify
@@ -100,6 +101,34 @@ emit({{"ok": same(y, A()(x)), "misses": tcb.stats().misses, "seconds": time.mono
         assert t_gave - t_wait > 3.0, out["events"]  # the holder was named ~2 s into the 6 s wait
         assert f"pid {holder.pid} on host holder-host" in m_wait, m_wait
     assert out["seconds"] < 40, out["seconds"]  # two bounded waits (graph, then program) plus the compile
+
+
+STOPPED_HERE = textwrap.dedent("""
+    import os, signal, sys
+    from torchair_cached_backend.store import Store
+    held = Store(sys.argv[1], "graphs")._acquire("k", 5)  # writes its real pid, host and pid namespace
+    print("held", flush=True)
+    os.kill(os.getpid(), signal.SIGSTOP)
+""")
+
+
+def test_a_stopped_holder_on_this_host_is_not_waited_for(tmp_path, caplog):
+    cache = str(tmp_path / "cache")
+    env = dict(os.environ, PYTHONPATH=REPO)
+    holder = subprocess.Popen([sys.executable, "-c", STOPPED_HERE, cache], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        while open(f"/proc/{holder.pid}/stat").read().rpartition(")")[2].split()[0] != "T":
+            time.sleep(0.01)
+        t0 = time.monotonic()
+        with caplog.at_level("WARNING", logger="torchair_cached_backend"):
+            assert Store(cache, "graphs")._acquire("k", 120) is None
+        waited = time.monotonic() - t0
+    finally:
+        holder.kill()
+        holder.wait()
+    assert waited < 10, waited  # seen stopped ~2 s in, not after the 120 s timeout
+    assert f"pid {holder.pid}" in caplog.text and "which is stopped" in caplog.text, caplog.text
 
 
 ODD = {

@@ -48,10 +48,10 @@ def _last_used(located) -> float:
         return 0.0  # a broken manifest: first to go
 
 
-def _lock_files(roots: list[str], live: set[tuple[str, str]], dry_run: bool) -> int:
-    """Bytes of the lock files of live entries; lock files whose entry is gone are
-    deleted (when nobody holds them) and not counted."""
-    total = 0
+def _lock_files(roots: list[str], live: set[tuple[str, str]], dry_run: bool) -> dict[tuple[str, str], int]:
+    """Bytes of the lock files of live entries by (root, name); lock files whose entry
+    is gone are deleted (when nobody holds them) and not counted."""
+    sizes: dict[tuple[str, str], int] = {}
     for root in roots:
         store = Store(root, KINDS[0])
         try:
@@ -66,7 +66,7 @@ def _lock_files(roots: list[str], live: set[tuple[str, str]], dry_run: bool) -> 
                     continue
                 if (root, name) in live:
                     with contextlib.suppress(OSError):
-                        total += os.stat(name, dir_fd=dfd, follow_symlinks=False).st_size
+                        sizes[(root, name)] = os.stat(name, dir_fd=dfd, follow_symlinks=False).st_size
                     continue
                 if dry_run:
                     continue
@@ -76,7 +76,7 @@ def _lock_files(roots: list[str], live: set[tuple[str, str]], dry_run: bool) -> 
                     held.release()
         finally:
             os.close(dfd)
-    return total
+    return sizes
 
 
 def prune(path: str, max_size: int, *, dry_run: bool = False, keep: Iterable[str] = (),
@@ -104,10 +104,11 @@ def prune(path: str, max_size: int, *, dry_run: bool = False, keep: Iterable[str
             except OSError:
                 continue
             quarantined.append((mtime, item, disk_size(item) if os.path.isdir(item) else os.lstat(item).st_size))
-    sized = [(_last_used(e), e, disk_size(e.path)) for e in entries]
     live = {(e.store.root, f"{e.store.kind}-{e.key[:32]}.lock") for e in entries}
+    lock_sizes = _lock_files(roots, live, dry_run)  # a lock file counts with its entry, and goes with it
+    sized = [(_last_used(e), e, disk_size(e.path) + lock_sizes.get((e.store.root, f"{e.store.kind}-{e.key[:32]}.lock"), 0))
+             for e in entries]
     total = sum(s for _, _, s in sized) + sum(s for _, _, s in quarantined)
-    total += _lock_files(roots, live, dry_run)
     report.size_before = total
     for _, item, size in sorted(quarantined, key=lambda q: q[0]):
         if total <= max_size:

@@ -149,11 +149,15 @@ class Store:
     def exists(self, key: str) -> bool:
         self.entry_path(key)
         try:
-            return self.backend.read_manifest(self.kind, key) is not None
-        except BrokenEntry:
-            return True
-        except (OSError, fs.CacheSecurityError):
+            kfd = self.backend.kind_fd(self.kind)
+        except OSError:  # CacheSecurityError included
             return False
+        if kfd is None:
+            return False
+        try:
+            return backend_mod._exists_at(kfd, key)
+        finally:
+            os.close(kfd)
 
     def _read(self, key: str, *, touch: bool) -> Entry | None:
         """Read and verify ``key`` through directory fds. Raises BrokenEntry (with
