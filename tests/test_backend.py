@@ -112,20 +112,23 @@ def test_corrupted_graph_blob_is_rebuilt_not_run(run, tmp_path):
     assert again["hits"] == 1 and again["quarantined"] == 0
 
 
-def test_entry_from_other_versions_is_set_aside_with_reason(run, tmp_path):
+def test_entries_from_other_versions_coexist(run, tmp_path):
+    """Issue 14: nodes on two CANN versions sharing a cache keep each other's graphs (their
+    keys differ); nothing is set aside per start, only prune removes them."""
     code = f"""
     import torch, torchair_cached_backend as tcb
     f = torch.compile(lambda x: x - 1, backend="npu_cached", options={{"cache_dir": {str(tmp_path)!r}, "compiler": "eager"}})
     with torch.no_grad():
         f(torch.ones(2))
     s = tcb.stats()
-    emit({{"hits": s.hits, "misses": s.misses}})
+    emit({{"hits": s.hits, "misses": s.misses, "quarantined": s.quarantined}})
     """
     run(code, env={"TCB_CANN_VERSION": "8.0.RC1"})
     out = run(code, env={"TCB_CANN_VERSION": "8.1.RC1"})
-    assert out["misses"] == 1 and out["hits"] == 0
-    assert "cann: '8.0.RC1' -> '8.1.RC1'" in out["_stderr"]
-    assert len(os.listdir(tmp_path / "graphs")) == 1
+    assert out["misses"] == 1 and out["hits"] == 0 and out["quarantined"] == 0
+    assert len(os.listdir(tmp_path / "graphs")) == 2 and not (tmp_path / "quarantine").exists()
+    back = run(code, env={"TCB_CANN_VERSION": "8.0.RC1"})
+    assert back["hits"] == 1 and back["misses"] == 0
 
 
 def test_foreign_owned_cache_dir_refused_clearly(run, tmp_path):

@@ -260,11 +260,11 @@ def test_vanished_cache_dir_and_io_errors(tmp_path):
         res["vanished_hit"] = call(Shift(), {root!r})
         def eio(*a, **k):
             raise OSError(errno.EIO, os.strerror(errno.EIO))
-        real_read, real_write = fs_security.read_at, fs_security.write_private
-        fs_security.read_at = fs_security.write_private = eio  # a failing disk: every read and write
+        real_read, real_write = fs_security.read_at, fs_security.write_at
+        fs_security.read_at = fs_security.write_at = eio  # a failing disk: every read and write
         res["eio_hit"] = call(Shift(), {root!r})
         res["eio_miss"] = call(Square(), {root!r})
-        fs_security.read_at, fs_security.write_private = real_read, real_write
+        fs_security.read_at, fs_security.write_at = real_read, real_write
         res["healed"] = call(Shift(), {root!r})
         print(json.dumps(res))
         """

@@ -120,15 +120,9 @@ _LOADER = textwrap.dedent(
         d = case["dir"]
         meta = json.load(open(os.path.join(d, "meta.json")))
         io = torch.load(os.path.join(d, "io.pt"))
-        if case.get("in_memory"):
-            files = {n: open(os.path.join(d, n), "rb").read() for n in os.listdir(d)}
-            art = Artifact(files=files, meta=meta)
-        else:
-            try:
-                art = Artifact(files={}, meta=meta, root=d)
-            except TypeError:  # base.py without the root field yet
-                art = Artifact(files={}, meta=meta)
-                art.root = d
+        # always from bytes in memory: the loader runs only verified bytes, never files by path
+        files = {n: open(os.path.join(d, n), "rb").read() for n in os.listdir(d)}
+        art = Artifact(files=files, meta=meta, root=None if case.get("in_memory") else d)
         t0 = time.perf_counter()
         fn = InductorCompiler().load(art, opts)
         inputs = io["inputs"]

@@ -66,7 +66,7 @@ def compile_graph(gm: Any, example_inputs: list[Any], options: BackendOptions) -
     store = graph_store(options)
     fn = load_graph(store, key, compiler, options)
     if fn is None:
-        with store.lock(key):
+        with store.lock(key, timeout=options.lock_timeout):
             fn = load_graph(store, key, compiler, options)  # another process may have finished it
             if fn is None:
                 fn = _compile_and_store(store, key, factors, gm, example_inputs, compiler, options)
@@ -158,27 +158,22 @@ def _compile_and_store(
 
 def _bound_size(store: Store, max_size: int, just_stored: str) -> None:
     """Apply the ``max_size`` option after a store: least recently used entries go first."""
-    from .prune import prune
+    from .prune import bound
 
     try:
-        prune(store.root, max_size, keep=(just_stored,))
+        bound(store, max_size, just_stored)  # a ledger: a full scan only when over max_size, or now and then
     except Exception as exc:  # bounding the cache must never fail the user's call
         warn_once(f"prune:{store.root}", "npu_cached: could not bound the cache %s to max_size: %s", store.root, exc)
 
 
 def _set_aside_other_versions(store: Store, identity: str, factors: dict[str, Any]) -> None:
-    """An entry for the same graph built under other torch/CANN/... versions is
-    never loaded: quarantine it and say which version changed."""
-    for other in store.keys():
-        try:
-            manifest = store.read_manifest(other)
-        except Exception:
-            continue
-        if not manifest or manifest.get("identity") != identity:
-            continue
-        changed = keys.explain_difference(manifest.get("versions", {}), factors["environment"], "")
-        if changed:
-            store.quarantine(other, "built under other versions: " + "; ".join(changed))
+    """Entries of this graph built under other torch/CANN/... versions are left alone.
+
+    Their keys differ (the environment is part of the key), so they are never
+    loaded here; two versions of a model, or nodes on two CANN versions, sharing
+    one cache keep each other's entries. Only ``prune`` / ``max_size`` removes
+    them (least recently used first). Nothing is scanned: a new graph's store
+    cost does not grow with the cache."""
 
 
 def npu_cached(gm: Any, example_inputs: list[Any], *, options: dict[str, Any] | None = None, mode: str | None = None) -> Any:

@@ -31,9 +31,21 @@ import uuid
 from typing import Any
 
 from . import fs_security as fs
-from .inventory import find_entries
+from .inventory import _MAX_DEPTH, find_entries
 from .logs import log
-from .store import FILES_DIR, KINDS, MANIFEST, TAG, BrokenEntry, Store, valid_name
+from .store import (
+    FILES_DIR,
+    KINDS,
+    LOCKS_DIR,
+    MANIFEST,
+    QUARANTINE_DIR,
+    TAG,
+    BrokenEntry,
+    Store,
+    loads_bounded,
+    parse_manifest,
+    valid_name,
+)
 
 BUNDLE_MANIFEST = "torchair-bundle.json"
 SIGNATURE = "torchair-bundle.sig"
@@ -62,11 +74,22 @@ class Limits:
 
 
 def signing_key(key: str | bytes | None = None) -> bytes | None:
-    """``key``, else ``$TORCHAIR_CACHE_KEY``, as bytes (None when neither is set)."""
+    """``key``, else ``$TORCHAIR_CACHE_KEY``, as bytes (None when neither is set).
+
+    A key that is set but empty is an error, never "no key": ``KEY=$SECRET`` with
+    ``$SECRET`` unset must not accept (or make) unsigned bundles."""
+    where = "the signing key"
     if key is None:
-        key = os.environ.get(KEY_ENV) or None
+        if KEY_ENV not in os.environ:
+            return None
+        key, where = os.environ[KEY_ENV], f"${KEY_ENV}"
     if isinstance(key, str):
         key = key.encode()
+    if not key.strip():
+        raise BundleError(
+            f"{where} is set but empty: refusing to go on without the signature check. Set it to the secret "
+            f"(e.g. {KEY_ENV}=\"$(cat /run/secrets/cache-key)\"), or unset it to use unsigned bundles"
+        )
     return key
 
 
@@ -195,13 +218,89 @@ class _Scanned:
         self.signature = signature  # "verified" | "unsigned" | "not checked"
 
 
-def _open(bundle: str) -> tarfile.TarFile:
-    try:
-        return tarfile.open(bundle, "r:*")
-    except FileNotFoundError:
-        raise BundleError(f"bundle {bundle} does not exist") from None
-    except (tarfile.TarError, EOFError, OSError) as exc:
-        raise BundleError(f"{bundle} is not a readable tar archive ({exc}); make bundles with `torchair-cache pack`") from None
+#: no single read of the tar stream may be larger (a PAX / GNU long-name header is read whole by
+#: tarfile before any limit could apply: this bounds memory before parsing)
+MAX_READ = _CHUNK + 512
+
+
+class _CappedReads:
+    """A file wrapper that refuses any single read larger than :data:`MAX_READ`."""
+
+    def __init__(self, inner: Any, bundle: str) -> None:
+        self._inner = inner
+        self._bundle = bundle
+
+    def read(self, size: int = -1) -> bytes:
+        if size is None or size < 0 or size > MAX_READ:
+            raise BundleError(
+                f"bundle {self._bundle} has a tar header or record of {size} bytes (over {MAX_READ}): a header bomb? "
+                "Refusing it (nothing was written); make bundles with `torchair-cache pack`"
+            )
+        return self._inner.read(size)
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        return self._inner.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self._inner.tell()
+
+    def close(self) -> None:
+        self._inner.close()
+
+
+def _decompressed(raw: Any) -> Any:
+    """The tar stream of ``raw`` (gzip / xz / bzip2 by magic bytes, else as is)."""
+    magic = raw.read(6)
+    raw.seek(0)
+    if magic[:2] == b"\x1f\x8b":
+        import gzip
+
+        return gzip.GzipFile(fileobj=raw, mode="rb")
+    if magic == b"\xfd7zXZ\x00":
+        import lzma
+
+        return lzma.LZMAFile(raw, "rb")
+    if magic[:3] == b"BZh":
+        import bz2
+
+        return bz2.BZ2File(raw, "rb")
+    return raw
+
+
+class _Bundle:
+    """An open bundle: the tar reader and what must be closed with it."""
+
+    def __init__(self, bundle: str) -> None:
+        try:
+            self._raw = open(bundle, "rb")  # noqa: SIM115 - closed in __exit__
+        except FileNotFoundError:
+            raise BundleError(f"bundle {bundle} does not exist") from None
+        except OSError as exc:
+            raise BundleError(f"cannot read bundle {bundle} ({exc.strerror or exc})") from None
+        try:
+            self._stream = _decompressed(self._raw)
+            self.tar = tarfile.open(fileobj=_CappedReads(self._stream, bundle), mode="r:")
+        except BundleError:
+            self._raw.close()
+            raise
+        except (tarfile.TarError, EOFError, OSError, ValueError) as exc:
+            self._raw.close()
+            raise BundleError(
+                f"{bundle} is not a readable tar archive ({exc}); make bundles with `torchair-cache pack`"
+            ) from None
+
+    def __enter__(self) -> tarfile.TarFile:
+        return self.tar
+
+    def __exit__(self, *exc: Any) -> None:
+        self.tar.close()
+        if self._stream is not self._raw:
+            self._stream.close()
+        self._raw.close()
+
+
+def _open(bundle: str) -> _Bundle:
+    return _Bundle(bundle)
 
 
 def _check_member(bundle: str, member: tarfile.TarInfo, limits: Limits) -> None:
@@ -226,6 +325,20 @@ def _check_member(bundle: str, member: tarfile.TarInfo, limits: Limits) -> None:
         )
 
 
+def _read_small(tar: tarfile.TarFile, member: tarfile.TarInfo, bundle: str) -> bytes:
+    src = tar.extractfile(member)
+    if src is None:
+        raise BundleError(f"bundle {bundle}: member {member.name!r} has no data")
+    chunks, size = [], 0
+    while size < member.size:
+        chunk = src.read(min(_CHUNK, member.size - size))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks)
+
+
 def _check_signature(bundle: str, raw: bytes, sig_raw: bytes | None, key: bytes | None) -> str:
     if key is None:
         if sig_raw is not None:
@@ -238,7 +351,7 @@ def _check_signature(bundle: str, raw: bytes, sig_raw: bytes | None, key: bytes 
             "(the same key), or unset the key to accept unsigned bundles"
         )
     try:
-        sig = json.loads(sig_raw)
+        sig = loads_bounded(sig_raw)
         algorithm, mac = sig["algorithm"], sig["mac"]
     except (ValueError, KeyError, TypeError):
         raise BundleError(f"bundle {bundle}: its signature member is malformed; refusing it") from None
@@ -251,10 +364,15 @@ def _check_signature(bundle: str, raw: bytes, sig_raw: bytes | None, key: bytes 
 
 
 def _valid_root(root: Any) -> bool:
+    """A root ``ls``/``validate``/``prune``/``clear`` see: at most 8 levels of plain,
+    visible names that are not a cache's own dirs (no hidden ``.tmp-x/...`` roots)."""
     if root == "":
         return True
-    return isinstance(root, str) and all(
-        part not in ("", ".", "..") and "\\" not in part and "\0" not in part for part in root.split("/")
+    if not isinstance(root, str):
+        return False
+    parts = root.split("/")
+    return len(parts) <= _MAX_DEPTH and all(
+        valid_name(part) and part not in (*KINDS, LOCKS_DIR, QUARANTINE_DIR) for part in parts
     )
 
 
@@ -308,7 +426,7 @@ def _scan(tar: tarfile.TarFile, bundle: str, limits: Limits, key: bytes | None) 
         if member.name in (BUNDLE_MANIFEST, SIGNATURE):
             if member.size > _MAX_MANIFEST_BYTES:
                 raise BundleError(f"bundle {bundle}: {member.name} is {member.size} bytes; refusing it")
-            data = tar.extractfile(member).read()  # type: ignore[union-attr]
+            data = _read_small(tar, member, bundle)
             if member.name == BUNDLE_MANIFEST:
                 raw = data
             else:
@@ -317,9 +435,9 @@ def _scan(tar: tarfile.TarFile, bundle: str, limits: Limits, key: bytes | None) 
         raise BundleError(f"{bundle} has no {BUNDLE_MANIFEST}: not a bundle made by `torchair-cache pack`")
     signature = _check_signature(bundle, raw, sig_raw, key)
     try:
-        manifest = json.loads(raw)
+        manifest = loads_bounded(raw)
     except ValueError as exc:
-        raise BundleError(f"bundle {bundle}: {BUNDLE_MANIFEST} is not valid JSON ({exc})") from None
+        raise BundleError(f"bundle {bundle}: {BUNDLE_MANIFEST} is not valid JSON within bounds ({exc})") from None
     expected = _expected_members(bundle, manifest)
     total = 0
     for name, member in members.items():
@@ -372,11 +490,10 @@ def _check_entry(bundle: str, e: dict[str, Any], entry_manifest: bytes) -> None:
     """The entry's own manifest must name exactly the blobs the bundle carries for it."""
     where = f"bundle {bundle}: entry {e['kind']}/{e['key'][:16]}"
     try:
-        m = json.loads(entry_manifest)
-        files = m["files"]
-        declared = {f"{FILES_DIR}/{n}": (int(i["size"]), str(i["sha256"])) for n, i in files.items()}
-    except (ValueError, KeyError, TypeError, AttributeError):
-        raise BundleError(f"{where} has a malformed manifest.json") from None
+        m = parse_manifest(entry_manifest)
+        declared = {f"{FILES_DIR}/{n}": (i["size"], i["sha256"]) for n, i in m.get("files", {}).items()}
+    except BrokenEntry as exc:
+        raise BundleError(f"{where} has a malformed manifest.json ({exc})") from None
     if m.get("key") != e["key"]:
         raise BundleError(f"{where}: its manifest.json belongs to key {str(m.get('key'))[:16]!r}")
     carried = {rel: (i["size"], i["sha256"]) for rel, i in e["files"].items() if rel != MANIFEST}
@@ -462,6 +579,7 @@ def unpack(bundle: str, cache_dir: str, *, key: str | bytes | None = None, limit
     created: list[str] = []
     published: list[str] = []
     kept: list[str] = []
+    merged: list[str] = []
     with _open(bundle) as tar:
         scanned = _scan(tar, bundle, limits, signing_key(key))  # nothing is written before this passes
         try:
@@ -486,14 +604,18 @@ def unpack(bundle: str, cache_dir: str, *, key: str | bytes | None = None, limit
                     _check_entry(bundle, e, f.read())
             for store, key, tmp in staged:  # everything checked: publish, entry by entry
                 name = f"{store.kind}/{key[:16]}"
-                if _keep_existing(store, key):
-                    kept.append(name)
+                existing = _intact_existing(store, key)
+                if existing is not None:
+                    if store.kind == "programs" and _merge_program(store, key, existing, tmp):
+                        merged.append(name)
+                    else:
+                        kept.append(name)
                     shutil.rmtree(tmp, ignore_errors=True)
                     continue
                 try:
                     os.rename(tmp, store.entry_path(key))
                 except OSError:
-                    if not _keep_existing(store, key):
+                    if _intact_existing(store, key) is None:
                         raise
                     kept.append(name)
                     shutil.rmtree(tmp, ignore_errors=True)
@@ -514,15 +636,42 @@ def unpack(bundle: str, cache_dir: str, *, key: str | bytes | None = None, limit
                     except OSError:
                         pass
             raise
-    return _summary(bundle, scanned, t0, cache_dir=cache_dir, published=len(published), kept=len(kept))
+    return _summary(bundle, scanned, t0, cache_dir=cache_dir, published=len(published), kept=len(kept),
+                    merged=len(merged))
 
 
-def _keep_existing(store: Store, key: str) -> bool:
-    """An intact entry already at ``key`` is kept; a broken one is set aside for the bundle's."""
-    if not os.path.lexists(store.entry_path(key)):
-        return False
+def _intact_existing(store: Store, key: str) -> Any:
+    """The intact entry already at ``key`` (kept), or None; a broken one is set aside
+    (only the directory that was read) for the bundle's."""
     try:
-        return store.read_verified(key) is not None
+        return store.read_verified(key)
     except BrokenEntry as exc:
-        store.quarantine(key, f"{exc}; replaced by an unpacked bundle entry")
+        store.quarantine(key, f"{exc}; replaced by an unpacked bundle entry", identity=exc.identity)
+        return None
+
+
+def _merge_program(store: Store, key: str, existing: Any, staged_dir: str) -> bool:
+    """Merge the bundle's program (staged and checked in ``staged_dir``) into the one
+    already here, so a newer bundle's extra variants are kept; True if it changed."""
+    from .bypass.program import merge_programs
+
+    with open(os.path.join(staged_dir, MANIFEST), "rb") as f:
+        manifest = parse_manifest(f.read())
+    files = {}
+    for name in manifest.get("files", {}):
+        with open(os.path.join(staged_dir, FILES_DIR, name), "rb") as f:
+            files[name] = f.read()
+    new = manifest.get("program")
+    if not isinstance(new, dict):
         return False
+    with store.lock(key):
+        try:
+            existing = store.read_verified(key) or existing  # the newest, under the lock
+        except BrokenEntry:
+            pass
+        old = existing.manifest.get("program")
+        program, merged_files = merge_programs(old, existing.files, new, files)
+        if program == old and merged_files == existing.files:
+            return False
+        fields = {k: v for k, v in manifest.items() if k not in ("key", "kind", "files", "created", "last_used")}
+        return store.replace(key, merged_files, dict(fields, program=program)) is not None

@@ -15,6 +15,7 @@ import sys
 import time
 from typing import Any
 
+from .fs_security import CacheSecurityError
 from .inventory import Located, LookupFailed, disk_size, find_entries, resolve_key
 from .options import OptionError, default_cache_dir, parse_size
 from .store import TAG, BrokenEntry
@@ -84,7 +85,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
         indent = "  " if e.rel_root != "." else ""
         try:
             m = e.store.read_manifest(e.key) or {}
-        except (BrokenEntry, OSError) as exc:
+        except (BrokenEntry, OSError) as exc:  # CacheSecurityError is an OSError
             print(f"{indent}{e.store.kind:9} {e.key[:16]}  {_human(size):>10}  BROKEN: {exc}")
             continue
         used = float(m.get("last_used", 0) or 0) if isinstance(m.get("last_used"), (int, float)) else 0.0
@@ -109,23 +110,37 @@ def _ls_bundle(path: str) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
+    """Linear: one read per entry, one sweep per store. Only the directory that was read
+    and found broken is quarantined (a writer may have replaced it since); an entry that
+    is refused (a symlink, another owner) is reported and skipped, and the rest goes on."""
     bad = 0
     path = _dir(args)
+    swept: set[tuple[str, str]] = set()
     for e in _entries(path):
-        e.store.sweep()
+        if (e.store.root, e.store.kind) not in swept:
+            swept.add((e.store.root, e.store.kind))
+            e.store.sweep()
+        name = f"{e.store.kind}/{e.key[:16]}"
         try:
-            ok = e.store.read_verified(e.key) is not None
-            reason = ""
-        except BrokenEntry as exc:
-            ok, reason = False, str(exc)
-        if ok:
+            entry = e.store.read_verified(e.key)
+        except CacheSecurityError as exc:
+            bad += 1
+            print(f"refused: {name} ({exc}); skipped, not touched")
             continue
-        bad += 1
-        if e.store.writable():
-            e.store.quarantine(e.key, reason or "missing")
-            print(f"broken: {e.store.kind}/{e.key[:16]} ({reason}); moved to quarantine/")
-        else:
-            print(f"broken: {e.store.kind}/{e.key[:16]} ({reason}); read-only cache dir, left in place")
+        except BrokenEntry as exc:
+            bad += 1
+            if not e.store.writable():
+                print(f"broken: {name} ({exc}); read-only cache dir, left in place")
+                continue
+            e.store.quarantine(e.key, str(exc), identity=exc.identity)
+            print(f"broken: {name} ({exc}); moved to quarantine/")
+            continue
+        except OSError as exc:
+            bad += 1
+            print(f"unreadable: {name} ({exc.strerror or exc}); left in place")
+            continue
+        if entry is None:
+            print(f"changed: {name} was removed or replaced while being checked; skipped")
     print(f"{bad} broken entr{'y' if bad == 1 else 'ies'}")
     return 1 if bad else 0
 
@@ -177,9 +192,15 @@ def cmd_clear(args: argparse.Namespace) -> int:
     untagged = [r for r in roots if not os.path.isfile(os.path.join(r, TAG))]
     if untagged:
         raise CliError(f"refusing: {untagged[0]} has no {TAG}, it is not a cache we created")
-    n = sum(e.store.remove(e.key) for e in entries)
-    print(f"removed {n} entries")
-    return 0
+    n = refused = 0
+    for e in entries:
+        try:
+            n += e.store.remove(e.key)
+        except CacheSecurityError as exc:
+            refused += 1
+            print(f"refused: {e.store.kind}/{e.key[:16]} ({exc}); skipped")
+    print(f"removed {n} entries" + (f", {refused} refused" if refused else ""))
+    return 1 if refused else 0
 
 
 def cmd_prune(args: argparse.Namespace) -> int:
@@ -197,6 +218,8 @@ def cmd_prune(args: argparse.Namespace) -> int:
         print(f"{verb} {name}")
     for name in report.busy:
         print(f"skipped {name} (in use)")
+    for name in report.refused:
+        print(f"refused {name} (a symlink or another user's entry; remove it by hand)")
     print(f"{_human(report.size_before)} -> {_human(report.size_after)} (max {_human(max_size)}); "
           f"{verb} {len(report.removed)}, {len(report.busy)} in use")
     return 0 if report.size_after <= max_size else 1
@@ -253,7 +276,7 @@ def _warn_versions(summary: dict[str, Any]) -> None:
     for versions in summary["versions"]:
         changed = [f"{k} {versions.get(k)} (here {here.get(k)})" for k in here if versions.get(k) != here.get(k)]
         if changed:
-            print(f"note: entries built under {', '.join(changed)}: they will be set aside, not used, on this machine")
+            print(f"note: entries built under {', '.join(changed)}: they are not used on this machine (kept until pruned)")
 
 
 def cmd_unpack(args: argparse.Namespace) -> int:
@@ -262,7 +285,7 @@ def cmd_unpack(args: argparse.Namespace) -> int:
     cache_dir = args.target or args.cache_dir or default_cache_dir()
     out = _bundle_call(unpack, args.bundle, cache_dir, limits=_limits(args))
     print(f"unpacked {args.bundle} into {out['cache_dir']}: {out['published']} entries published, "
-          f"{out['kept']} already present; signature {out['signature']}; {out['seconds']:.2f}s")
+          f"{out['kept']} already present, {out['merged']} programs merged; signature {out['signature']}; {out['seconds']:.2f}s")
     _warn_versions(out)
     return 0
 

@@ -13,6 +13,7 @@ import os
 from collections.abc import Iterator
 
 from . import fs_security as fs
+from .logs import warn_once
 from .store import KINDS, LOCKS_DIR, MANIFEST, QUARANTINE_DIR, Store, valid_name
 
 #: how deep below the given directory roots are looked for (the cache_compile layout needs 4)
@@ -97,7 +98,12 @@ def find_entries(path: str) -> list[Located]:
             if not _is_real_dir(os.path.join(root, kind)):
                 continue
             store = Store(root, kind)
-            out.extend(Located(store, key, rel) for key in store.keys())
+            try:
+                keys = store.keys()
+            except fs.CacheSecurityError as exc:  # one refused root: say so, and go on with the others
+                warn_once(f"refused-root:{root}", "torchair-cache: skipped %s: %s", root, exc)
+                continue
+            out.extend(Located(store, key, rel) for key in keys)
     return out
 
 

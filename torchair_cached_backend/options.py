@@ -29,6 +29,7 @@ class BackendOptions:
         "cache_dir", "compiler", "config", "ge_cache", "custom_decompositions", "global_rank",
         "tp_rank", "pp_rank", "check_inputs", "dynamic", "reject_rng", "guards", "max_size", "graph_dir",
         "remote", "base_dir",
+        "lock_timeout",
     )
 
     def __init__(
@@ -49,6 +50,7 @@ class BackendOptions:
         graph_dir: str | None = None,
         remote: str | None = None,
         base_dir: str | None = None,
+        lock_timeout: float | None = None,
     ) -> None:
         self.cache_dir = cache_dir
         self.compiler = compiler
@@ -68,6 +70,7 @@ class BackendOptions:
         self.remote = remote
         #: a read-only base cache (baked into an image) under the local one (``layers.py``)
         self.base_dir = base_dir
+        self.lock_timeout = lock_timeout
 
     def as_dict(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self.__slots__}
@@ -197,6 +200,16 @@ def _check_base_dir(value: Any) -> str | None:
     return os.path.abspath(os.fspath(value))
 
 
+def _check_lock_timeout(value: Any) -> float | None:
+    """Seconds a process waits for another one compiling the same graph (None:
+    ``$TORCHAIR_CACHE_LOCK_TIMEOUT``, else 600); then it compiles without the lock."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
+        raise OptionError(f"npu_cached option 'lock_timeout' must be seconds >= 0 (e.g. 600) or None, got {value!r}")
+    return float(value)
+
+
 _VALIDATORS = {
     "cache_dir": None,
     "compiler": None,
@@ -214,6 +227,7 @@ _VALIDATORS = {
     "graph_dir": _check_graph_dir,
     "remote": _check_remote,
     "base_dir": _check_base_dir,
+    "lock_timeout": _check_lock_timeout,
 }
 VALID_KEYS = tuple(_VALIDATORS)
 

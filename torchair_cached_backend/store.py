@@ -26,6 +26,7 @@ from typing import Any
 
 from . import fs_security as fs
 from . import store_backend as backend_mod
+from . import store_ledger as ledger
 from . import store_locks as locks
 from .logs import log, warn_once
 from .stats import record
@@ -40,6 +41,7 @@ from .store_layout import (  # noqa: F401  (the public names callers import from
     TAG,
     BrokenEntry,
     Entry,
+    loads_bounded,
     parse_manifest,
     sha256,
     valid_name,
@@ -147,11 +149,15 @@ class Store:
     def exists(self, key: str) -> bool:
         self.entry_path(key)
         try:
-            return self.backend.read_manifest(self.kind, key) is not None
-        except BrokenEntry:
-            return True
-        except (OSError, fs.CacheSecurityError):
+            kfd = self.backend.kind_fd(self.kind)
+        except OSError:  # CacheSecurityError included
             return False
+        if kfd is None:
+            return False
+        try:
+            return backend_mod._exists_at(kfd, key)
+        finally:
+            os.close(kfd)
 
     def _read(self, key: str, *, touch: bool) -> Entry | None:
         """Read and verify ``key`` through directory fds. Raises BrokenEntry (with
@@ -277,6 +283,7 @@ class Store:
                 from . import layers
 
                 layers.published(self, key, files, manifest, replace=replace)  # the remote, if any
+                ledger.add(self.backend, sum(map(len, files.values())) + 4096)  # blobs, manifest and dirs, roughly
                 return final
             except fs.CacheSecurityError:
                 raise

@@ -231,6 +231,24 @@ class LocalDir:
             os.close(files_fd)
         return manifest, files
 
+    def read(self, kind: str, key: str) -> Entry | None:
+        """The verified entry (no last-used refresh), or None if absent."""
+        fds = self.entry_fd(kind, key)
+        if fds is None:
+            return None
+        kfd, efd = fds
+        try:
+            st = os.fstat(efd)
+            try:
+                manifest, files = self.verify_at(efd, key)
+            except BrokenEntry as exc:
+                exc.identity = (st.st_dev, st.st_ino)
+                raise
+            return Entry(key=key, path=os.path.join(self.root, kind, key), manifest=manifest, files=files)
+        finally:
+            os.close(efd)
+            os.close(kfd)
+
     def read_manifest(self, kind: str, key: str) -> dict[str, Any] | None:
         fds = self.entry_fd(kind, key)
         if fds is None:

@@ -4,7 +4,8 @@ A lock is an ``flock`` on ``<root>/locks/<kind>-<key>.lock`` opened through the
 root's directory fd (never through a symlink). It dies with its process, so a
 killed holder never blocks anyone. The holder writes who it is into the file
 (pid, host, since when, what), so a waiter can say who it waits for within
-seconds. Waiting is bounded (option ``lock_timeout`` /
+seconds; a holder on this host that is stopped (SIGSTOP, a debugger) is seen as such
+and not waited for. Waiting is bounded (option ``lock_timeout`` /
 ``$TORCHAIR_CACHE_LOCK_TIMEOUT``): a holder that is stopped (SIGSTOP, a debugger,
 a frozen container) costs the others at most that long, after which they compile
 and serve without the lock. A lock file is deleted with its entry, by a process
@@ -16,7 +17,6 @@ from __future__ import annotations
 import errno
 import json
 import os
-import socket
 import stat
 import time
 
@@ -102,7 +102,10 @@ def _still_named(fd: int, dir_fd: int, name: str) -> bool:
 
 
 def _write_holder(fd: int, what: str) -> None:
-    info = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.time(), "what": what}
+    import socket
+
+    info = {"pid": os.getpid(), "host": socket.gethostname(), "pidns": _pid_namespace(), "since": time.time(),
+            "what": what}
     try:
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps(info).encode(), 0)
@@ -135,13 +138,38 @@ def describe_holder(info: dict | None) -> str:
     return f"pid {info.get('pid')} on host {info.get('host')}{ago} ({info.get('what')})"
 
 
+def _pid_namespace() -> str:
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return ""
+
+
+def _stopped_here(info: dict | None) -> bool:
+    """Whether the holder is a process on this host that is stopped or traced (its
+    ``/proc/<pid>/stat`` state is T or t): it will not let go while stopped."""
+    if not info or not isinstance(info.get("pid"), int) or info["pid"] <= 0:
+        return False
+    import socket
+
+    if info.get("host") != socket.gethostname() or info.get("pidns") != _pid_namespace():
+        return False
+    try:
+        with open(f"/proc/{info['pid']}/stat", "rb") as f:
+            stat_line = f.read(4096)
+    except OSError:
+        return False
+    state = stat_line.rpartition(b")")[2].split()[:1]
+    return state in ([b"T"], [b"t"])
+
+
 def acquire(dir_fd: int, name: str, *, timeout: float, what: str) -> KeyLock | None:
     """Take the lock ``name`` in the directory ``dir_fd``, waiting at most
     ``timeout`` seconds (None on timeout). OSError when the file cannot be
     created (the caller degrades to no lock)."""
     t0 = time.monotonic()
     deadline = t0 + max(timeout, 0.0)
-    logged = None
+    logged = checked = None
     poll = 0.005
     while True:
         fd = _open_lock_file(dir_fd, name)
@@ -154,10 +182,18 @@ def acquire(dir_fd: int, name: str, *, timeout: float, what: str) -> KeyLock | N
                                 timeout, what, describe_holder(holder_info(dir_fd, name)))
                     os.close(fd)
                     return None
-                if now - t0 >= HOLDER_LOG_S and (logged is None or now - logged >= _HOLDER_REPEAT_S):
-                    logged = now
-                    log.warning("npu_cached: waiting for the lock of %s, held by %s; giving up after %.0fs",
-                                what, describe_holder(holder_info(dir_fd, name)), timeout)
+                if now - t0 >= HOLDER_LOG_S and (checked is None or now - checked >= 1.0):
+                    checked = now
+                    info = holder_info(dir_fd, name)
+                    if _stopped_here(info):
+                        log.warning("npu_cached: the lock of %s is held by %s, which is stopped (SIGSTOP or a "
+                                    "debugger); compiling without it", what, describe_holder(info))
+                        os.close(fd)
+                        return None
+                    if logged is None or now - logged >= _HOLDER_REPEAT_S:
+                        logged = now
+                        log.warning("npu_cached: waiting for the lock of %s, held by %s; giving up after %.0fs",
+                                    what, describe_holder(info), timeout)
                 time.sleep(min(poll, max(deadline - now, 0.0)))
                 poll = min(poll * 2, 0.05)
             if not _still_named(fd, dir_fd, name):  # deleted with its entry while we waited: start over

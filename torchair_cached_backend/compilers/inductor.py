@@ -38,9 +38,7 @@ import os
 import pickle
 import platform
 import re
-import shutil
 import sys
-import tempfile
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -301,64 +299,54 @@ class InductorCompiler:
     def load(self, artifact: Artifact, options: BackendOptions) -> Callable[..., Any]:
         """Rebuild the graph callable from stored files; never compiles anything.
 
-        Files are used in place when ``artifact.root`` is set (the store already
-        verified them); otherwise they are written to a private temp dir that is
-        removed once the kernels are mapped.
+        Everything runs from ``artifact.files``, the bytes the store verified
+        against their checksums: the wrapper's code, the constants and the AOT
+        metadata are read from them in memory and each kernel is dlopened from a
+        private copy of its bytes (never from the entry's directory, which may
+        change after the check).
         """
         meta = artifact.meta
         if meta.get("format") != FORMAT_VERSION:
             raise ValueError(f"inductor artifact format {meta.get('format')!r}, expected {FORMAT_VERSION}")
         _check_named_files(meta, artifact.files)
-        root = getattr(artifact, "root", None)
-        tmp: str | None = None
-        if root is None:
-            tmp = root = tempfile.mkdtemp(prefix="tcb_inductor_")
-            for name, blob in artifact.files.items():
-                with open(os.path.join(tmp, name), "wb") as f:
-                    f.write(blob)
-        try:
-            return _load_from(root, meta)
-        finally:
-            if tmp is not None:
-                shutil.rmtree(tmp, ignore_errors=True)
+        return _load_from(artifact.files, meta)
 
 
 def _check_named_files(meta: dict[str, Any], files: dict[str, bytes]) -> None:
-    """Every file the metadata names (kernels to dlopen) must be a plain file name and, when the
-    artifact comes with its files (always, from the store), one of its checksummed files: a path
-    taken from a manifest never reaches dlopen."""
+    """Every file the metadata names (kernels to dlopen, the wrapper, constants, AOT metadata)
+    must be one of the artifact's checksummed files: a name taken from a manifest never
+    reaches dlopen, exec or unpickling unless its bytes were verified."""
     for name, (fname, _digest) in meta.get("kernels", {}).items():
         plain = isinstance(fname, str) and fname not in ("", ".", "..") and os.path.basename(fname) == fname
-        if not plain or (files and fname not in files):
+        if not plain or fname not in files:
             raise ValueError(f"inductor artifact names kernel {name!r} as {fname!r}, which is not one of its "
                              "checksummed files; refusing to load it")
+    needed = [WRAPPER_FILE] + ([CONSTANTS_FILE] if meta.get("constants") else []) + (
+        [AOT_META_FILE] if meta.get("aot_runtime") else [])
+    for fname in needed:
+        if fname not in files:
+            raise ValueError(f"inductor artifact lacks its checksummed file {fname!r}; refusing to load it")
 
 
-def _load_from(root: str, meta: dict[str, Any]) -> Callable[..., Any]:
-    wrapper_path = os.path.join(root, WRAPPER_FILE)
-    files = {}
-    for name in (WRAPPER_FILE, WRAPPER_FILE + pycode.SUFFIX):
-        if os.path.exists(os.path.join(root, name)):
-            with open(os.path.join(root, name), "rb") as f:
-                files[name] = f.read()
-    code = pycode.load_code(files, WRAPPER_FILE, wrapper_path)
+def _load_from(files: dict[str, bytes], meta: dict[str, Any]) -> Callable[..., Any]:
+    """The callable, built only from the verified bytes in ``files``."""
+    wrapper_name = f"<tcb inductor wrapper {hashlib.sha256(files[WRAPPER_FILE]).hexdigest()[:16]}>"
+    code = pycode.load_code(files, WRAPPER_FILE, wrapper_name)
     namespace: dict[str, Any] = dict(rt.SHIMS)
     namespace["extern_kernels"] = rt.build_extern_namespace(meta["externs"], bool(meta["needs_inductor"]))
-    namespace["_load_kernel"] = rt.kernel_loader(root, meta["kernels"])
-    module = rt.exec_wrapper(code, namespace, wrapper_path)
+    namespace["_load_kernel"] = rt.kernel_loader(files, meta["kernels"])
+    module = rt.exec_wrapper(code, namespace, wrapper_name)
     if meta.get("constants"):
         # after exec: the wrapper declares each constant as ``name = None`` (Inductor
         # also sets them as module attributes once the module has run)
-        vars(module).update(load_tensors(os.path.join(root, CONSTANTS_FILE)))
+        vars(module).update(load_tensors(files[CONSTANTS_FILE]))
     missing = [name for name in meta.get("constant_names", ()) if not isinstance(vars(module).get(name), torch.Tensor)]
     if missing:
         raise ValueError(f"inductor artifact lacks constants {missing[:5]} its wrapper reads")
     call = rt.pin_threads(module.call, meta.get("threads"))
     runtime = meta["runtime"]
     if meta["aot_runtime"]:
-        with open(os.path.join(root, AOT_META_FILE), "rb") as f:
-            blob = f.read()
-        return rt.aot_runtime_wrap(call, blob, bool(runtime.get("disable_amp")))
+        return rt.aot_runtime_wrap(call, files[AOT_META_FILE], bool(runtime.get("disable_amp")))
     return rt.lean_callable(call, runtime)
 
 

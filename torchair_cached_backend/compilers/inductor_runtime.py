@@ -11,10 +11,13 @@ used only by artifacts whose metadata says they need them.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import importlib
 import importlib.util
 import os
+import shutil
 import sys
+import tempfile
 import types
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -28,25 +31,75 @@ _DATA_PTR_ENV = "_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR"
 ALIGN_BYTES = 64
 
 
-def load_kernel(path: str, digest: str) -> Callable[..., Any]:
-    """dlopen one bundled kernel extension in place and return its ``kernel`` entry.
+def load_kernel(blob: bytes, digest: str) -> Callable[..., Any]:
+    """dlopen one bundled kernel extension from its verified bytes and return its ``kernel`` entry.
 
-    The module name is keyed by the file digest so graphs sharing a kernel share
-    one loaded module, and so two different kernels never collide.
+    The bytes go into an anonymous memory file (``memfd_create``, dlopened as
+    ``/proc/self/fd/N``), or where that is unavailable into a private 0700 temp
+    dir removed right after: what is mapped is exactly what was checked, never
+    a file in the cache dir someone could swap after the check. The module name
+    is keyed by the sha256 of those bytes, so graphs sharing a kernel share one
+    loaded module and two different kernels never collide; ``digest`` (from the
+    metadata) must agree with them.
     """
+    actual = hashlib.sha256(blob).hexdigest()
+    if not digest or not actual.startswith(digest):
+        raise ImportError(f"kernel bytes have sha256 {actual[:24]}, its metadata says {digest!r}; refusing to load it")
     # always (re)set: a value inherited from a parent process points into *its* memory
     os.environ[_DATA_PTR_ENV] = str(torch._C._dynamo.guards._torchinductor_pyobject_tensor_data_ptr)
     # the last dotted component must be "kernel": CPython derives PyInit_<name> from it
-    name = f"_tcb_kernel_{digest}.kernel"
+    name = f"_tcb_kernel_{actual[:32]}.kernel"
     module = sys.modules.get(name)
     if module is None:
-        spec = importlib.util.spec_from_file_location(name, path)
-        if spec is None or spec.loader is None:
-            raise ImportError(f"cannot load Inductor kernel from {path}")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
+        module = _dlopen_bytes(name, blob)
         sys.modules[name] = module
     return module.kernel
+
+
+def _exec_extension(name: str, path: str) -> types.ModuleType:
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load Inductor kernel {name}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _dlopen_bytes(name: str, blob: bytes) -> types.ModuleType:
+    memfd_create = getattr(os, "memfd_create", None)
+    if memfd_create is not None and os.path.isdir("/proc/self/fd"):
+        try:
+            fd = memfd_create("tcb_kernel", getattr(os, "MFD_CLOEXEC", 1))
+        except OSError:
+            fd = -1
+        if fd >= 0:
+            try:
+                _write_all(fd, blob)
+                return _exec_extension(name, f"/proc/self/fd/{fd}")
+            except (ImportError, OSError):
+                pass  # e.g. memfd exec forbidden (vm.memfd_noexec): the private copy below
+            finally:
+                os.close(fd)
+    tmp = tempfile.mkdtemp(prefix="tcb_kernel_")  # 0700, ours
+    try:
+        path = os.path.join(tmp, "kernel.so")
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+        try:
+            _write_all(fd, blob)
+        finally:
+            os.close(fd)
+        return _exec_extension(name, path)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _write_all(fd: int, blob: bytes) -> None:
+    view = memoryview(blob)
+    while view:
+        n = os.write(fd, view)
+        if n <= 0:
+            raise OSError("short write of a kernel copy")
+        view = view[n:]
 
 
 def pin_threads(call: Callable[[list[Any]], Any], threads: int | None) -> Callable[[list[Any]], Any]:
@@ -224,11 +277,11 @@ def build_extern_namespace(refs: dict[str, str], use_inductor: bool) -> Any:
     return types.SimpleNamespace(**{name: resolve_ref(ref) for name, ref in refs.items()})
 
 
-def kernel_loader(root: str, kernels: dict[str, Sequence[str]]) -> Callable[[str], Callable[..., Any]]:
-    """``_load_kernel(name)`` for the rewritten wrapper: kernel name -> bundled file."""
+def kernel_loader(files: dict[str, bytes], kernels: dict[str, Sequence[str]]) -> Callable[[str], Callable[..., Any]]:
+    """``_load_kernel(name)`` for the rewritten wrapper: kernel name -> its verified bytes."""
 
     def _load_kernel(name: str) -> Callable[..., Any]:
         fname, digest = kernels[name]
-        return load_kernel(os.path.join(root, fname), digest)
+        return load_kernel(files[fname], digest)
 
     return _load_kernel

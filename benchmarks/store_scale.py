@@ -1,0 +1,146 @@
+"""Store maintenance and per-graph cost against the cache's size (issue 14).
+
+For caches of 100, 1000 and 10 000 synthetic graph entries (a manifest plus two
+blobs, 1 KiB and 4 KiB, as small graphs are) it measures, in this process:
+
+* ``ls`` / ``validate`` (every checksum) / ``prune`` (a full scan that removes
+  nothing) over the whole cache: these must grow linearly;
+* a new graph's store cost, as the backend pays it on a miss: the key's lock, the
+  save, setting other versions aside, and ``max_size`` (with a bound the cache
+  stays under): this must stay flat;
+* a hit's load of one entry.
+
+usage: python benchmarks/store_scale.py [--sizes 100,1000,10000] [--out benchmarks/results/store_scale]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import io
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+
+from torchair_cached_backend import backend, cli  # noqa: E402
+from torchair_cached_backend.prune import bound, prune  # noqa: E402
+from torchair_cached_backend.store import Store  # noqa: E402
+
+BLOBS = {"graph.py": b"x" * 1024, "k.so": b"\x7fELF" * 1024}
+NEW_GRAPHS = 20
+
+
+def _fill(cache: str, n: int) -> None:
+    """n entries written directly (the layout Store.save writes, without its fsyncs)."""
+    gdir = os.path.join(cache, "graphs")
+    os.makedirs(gdir, mode=0o700)
+    os.chmod(cache, 0o700)
+    infos = {name: {"size": len(d), "sha256": hashlib.sha256(d).hexdigest()} for name, d in BLOBS.items()}
+    now = time.time()
+    for i in range(n):
+        key = hashlib.sha256(str(i).encode()).hexdigest()
+        entry = os.path.join(gdir, key)
+        os.makedirs(os.path.join(entry, "files"), mode=0o700)
+        for name, data in BLOBS.items():
+            with open(os.path.join(entry, "files", name), "wb") as f:
+                f.write(data)
+        manifest = {"identity": f"id{i % 50}", "compiler": "eager", "factors": {"n": i}, "versions": {},
+                    "meta": {}, "key": key, "kind": "graphs", "files": infos, "created": now - i, "last_used": now - i}
+        with open(os.path.join(entry, "manifest.json"), "w") as f:
+            json.dump(manifest, f)
+    with open(os.path.join(cache, "CACHEDIR.TAG"), "w") as f:
+        f.write("Signature: 8a477f597d28d172789f06886806bc55\n")
+
+
+def _quiet(fn, *args):
+    with contextlib.redirect_stdout(io.StringIO()):
+        return fn(*args)
+
+
+def _timed(fn, *args) -> float:
+    t0 = time.perf_counter()
+    fn(*args)
+    return time.perf_counter() - t0
+
+
+def measure(n: int, work: str) -> dict:
+    cache = os.path.join(work, f"c{n}")
+    t0 = time.perf_counter()
+    _fill(cache, n)
+    fill_s = time.perf_counter() - t0
+    store = Store(cache, "graphs")
+    row = {"entries": n, "fill_seconds": round(fill_s, 3)}
+    row["ls_seconds"] = _timed(_quiet, cli.main, ["ls", cache])
+    row["validate_seconds"] = _timed(_quiet, cli.main, ["validate", cache])
+    row["prune_scan_seconds"] = _timed(prune, cache, 1 << 50)
+    bound(store, 1 << 50, "")  # max_size is on: the first store after start counts the cache once
+    costs = []
+    for i in range(NEW_GRAPHS):
+        key = hashlib.sha256(f"new{n}-{i}".encode()).hexdigest()
+        t0 = time.perf_counter()
+        with store.lock(key):
+            backend._set_aside_other_versions(store, "id-new", {"environment": {}})
+            store.save(key, dict(BLOBS), {"identity": "id-new", "versions": {}})
+            bound(store, 1 << 50, key)
+        costs.append(time.perf_counter() - t0)
+    costs.sort()
+    row["new_graph_store_ms_median"] = costs[len(costs) // 2] * 1e3
+    row["new_graph_store_ms_max"] = costs[-1] * 1e3
+    key = store.keys()[n // 2]
+    loads = sorted(_timed(store.load, key) for _ in range(20))
+    row["hit_load_ms_median"] = loads[len(loads) // 2] * 1e3
+    for k in ("ls_seconds", "validate_seconds", "prune_scan_seconds"):
+        row[k] = round(row[k], 3)
+        row[k.replace("_seconds", "_us_per_entry")] = round(row[k] / n * 1e6, 1)
+    for k in ("new_graph_store_ms_median", "new_graph_store_ms_max", "hit_load_ms_median"):
+        row[k] = round(row[k], 2)
+    shutil.rmtree(cache)
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", default="100,1000,10000")
+    parser.add_argument("--out", default=os.path.join(HERE, "results", "store_scale"))
+    parser.add_argument("--work", default=None, help="where to build the caches (default: a temp dir)")
+    args = parser.parse_args(argv)
+    rows = []
+    with tempfile.TemporaryDirectory(dir=args.work) as work:
+        for n in (int(s) for s in args.sizes.split(",")):
+            rows.append(measure(n, work))
+            print(json.dumps(rows[-1]), flush=True)
+    result = {"benchmark": "store_scale", "python": sys.version.split()[0], "cpus": os.cpu_count(), "rows": rows}
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    with open(args.out + ".json", "w") as f:
+        json.dump(result, f, indent=1)
+    lines = [
+        "# Store scale (benchmarks/store_scale.py)",
+        "",
+        "Synthetic graph entries (manifest + 1 KiB + 4 KiB blobs). Maintenance over the whole cache "
+        "(seconds, and microseconds per entry) and what one new graph costs the store on a miss "
+        f"(lock + save + other versions + `max_size` via the size ledger; median / max of {NEW_GRAPHS}).",
+        "",
+        "| entries | ls s (us/entry) | validate s (us/entry) | prune scan s (us/entry) | new graph store ms (median / max) | hit load ms |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['entries']} | {r['ls_seconds']} ({r['ls_us_per_entry']}) | {r['validate_seconds']} "
+            f"({r['validate_us_per_entry']}) | {r['prune_scan_seconds']} ({r['prune_scan_us_per_entry']}) | "
+            f"{r['new_graph_store_ms_median']} / {r['new_graph_store_ms_max']} | {r['hit_load_ms_median']} |"
+        )
+    with open(args.out + ".md", "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
