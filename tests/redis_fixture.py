@@ -50,7 +50,7 @@ class RedisServer:
 
     def command(self) -> list[str]:
         return [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                "--dir", self.workdir, *self.extra]
+                "--databases", "64", "--dir", self.workdir, *self.extra]
 
     def start(self) -> None:
         os.makedirs(self.workdir, exist_ok=True)
