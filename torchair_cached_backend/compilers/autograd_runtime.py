@@ -25,6 +25,8 @@ from typing import Any
 
 import torch
 
+from .inductor_runtime import mark_dynamic
+
 #: bump when the plan's meaning changes
 PLAN_FORMAT = 1
 
@@ -246,7 +248,7 @@ def build(
         with enable_grad():
             outs = list(apply(*args))
         for i, dims in dyn_dims:
-            _mark_dynamic(outs[i], dims)
+            mark_dynamic(outs[i], dims)
         if grad_after is not None:
             torch._C._set_grad_enabled(grad_after)
         return outs
@@ -280,12 +282,3 @@ def _undifferentiable(grads: tuple[Any, ...]) -> tuple[Any, ...]:
     for i, g in zip(tensors, wrapped, strict=True):
         out[i] = g
     return tuple(out)
-
-
-def _mark_dynamic(t: Any, dims: set[int]) -> None:
-    if not isinstance(t, torch.Tensor):
-        return
-    if hasattr(t, "_dynamo_propagated_dynamic_indices"):
-        t._dynamo_propagated_dynamic_indices |= dims
-    else:
-        t._dynamo_propagated_dynamic_indices = dims.copy()

@@ -214,7 +214,7 @@ def lean_callable(call: Callable[[list[Any]], Any], info: dict[str, Any]) -> Cal
                 set_grad(True)
         outs = list(outs)
         for i, dims in dyn_dims:
-            _mark_dynamic(outs[i], dims)
+            mark_dynamic(outs[i], dims)
         if grad_after is not None:
             set_grad(grad_after)
         return outs
@@ -222,7 +222,8 @@ def lean_callable(call: Callable[[list[Any]], Any], info: dict[str, Any]) -> Cal
     return run
 
 
-def _mark_dynamic(t: Any, dims: set[int]) -> None:
+def mark_dynamic(t: Any, dims: set[int]) -> None:
+    """Tell a later Dynamo trace which dims of an output are dynamic (as AOTAutograd's runtime does)."""
     if not isinstance(t, torch.Tensor):
         return
     if hasattr(t, "_dynamo_propagated_dynamic_indices"):

@@ -438,6 +438,23 @@ def _aot_inference(
     )
 
 
+
+def _prepare(nfc: types.ModuleType, gm: Any, config: Any, options: BackendOptions) -> Any:
+    """What torchair's ``npu_backend`` does before AOTAutograd, for both routes: the
+    deterministic guard, its config check, the send/recv pass, and its decomposition
+    merge (its npu defaults, the user's on top, then its patches), which it returns."""
+    _install_deterministic_guard()
+    try:
+        from torchair.configs.compiler_config import _check_config_support
+
+        _check_config_support(config)
+    except ImportError:
+        pass
+    decompositions = nfc._get_merged_decompositions(config, dict(options.custom_decompositions or {}))
+    if hasattr(nfc, "_process_send_recv"):
+        nfc._process_send_recv(gm, config)
+    return decompositions
+
 class TorchairCompiler:
     """Inner compiler ``torchair``: GE (max-autotune) or aclgraph codegen via torchair."""
 
@@ -489,17 +506,7 @@ class TorchairCompiler:
         extend_config.update(_static_kernel_options(config))
         cold_files_dir = self._cold_files_dir(gm, example_inputs, options) if extend_config else None
 
-        _install_deterministic_guard()
-        try:
-            from torchair.configs.compiler_config import _check_config_support
-
-            _check_config_support(config)
-        except ImportError:
-            pass
-        # torchair's decomposition merge: its npu defaults, the user's on top, then its patches
-        decompositions = nfc._get_merged_decompositions(config, dict(options.custom_decompositions or {}))
-        if hasattr(nfc, "_process_send_recv"):
-            nfc._process_send_recv(gm, config)
+        decompositions = _prepare(nfc, gm, config, options)
 
         dynamo_inputs = len(example_inputs)
         state: dict[str, Any] = {}
@@ -589,16 +596,7 @@ class TorchairCompiler:
             backend = torchair.get_npu_backend(compiler_config=config,
                                                custom_decompositions=dict(options.custom_decompositions or {}))
             return CompileResult(backend(gm, example_inputs), None, blocker)
-        _install_deterministic_guard()
-        try:
-            from torchair.configs.compiler_config import _check_config_support
-
-            _check_config_support(config)
-        except ImportError:
-            pass
-        decompositions = nfc._get_merged_decompositions(config, dict(options.custom_decompositions or {}))
-        if hasattr(nfc, "_process_send_recv"):
-            nfc._process_send_recv(gm, config)
+        decompositions = _prepare(nfc, gm, config, options)
         parts: dict[str, Any] = {}
 
         def stage(phase: str) -> Callable[..., Any]:
