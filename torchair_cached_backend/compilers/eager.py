@@ -9,6 +9,7 @@ run by :mod:`.autograd_runtime`.
 from __future__ import annotations
 
 import builtins
+import json
 import math
 import types
 from collections.abc import Callable
@@ -26,6 +27,9 @@ if TYPE_CHECKING:
 
 SOURCE = "graph.py"
 CONSTANTS = "constants.pt"
+#: the higher-order-op subgraphs a graph passes by attribute (``cond_true_0``, ``wrap_body_0``):
+#: JSON ``{attribute: globals}``, each subgraph's files under ``prefix + "sub." + attribute + "."``
+SUBGRAPHS = "subgraphs.json"
 
 
 _PLAIN_GLOBALS = {"inf": math.inf, "nan": math.nan}
@@ -170,17 +174,27 @@ def _package_graph(gm: Any, prefix: str) -> tuple[dict[str, bytes], dict[str, An
         except code_codec.CodecError as exc:
             raise _Uncacheable(f"graph global {name} cannot be found in a fresh process: {exc}") from exc
     constants = {}
+    files: dict[str, bytes] = {}
+    subgraphs: dict[str, Any] = {}
     for node in gm.graph.nodes:
         if node.op == "call_module":
             raise _Uncacheable(f"graph calls submodule {node.target!r}")
         if node.op == "get_attr":
+            target = str(node.target)
             value = gm
-            for part in str(node.target).split("."):
+            for part in target.split("."):
                 value = getattr(value, part)
+            if isinstance(value, torch.fx.GraphModule) and target not in subgraphs:
+                subgraphs[target] = _package_subgraph(value, target, prefix, files)
+                continue
+            if isinstance(value, torch.fx.GraphModule):
+                continue
             if not isinstance(value, torch.Tensor):
-                raise _Uncacheable(f"graph attribute {node.target!r} is not a tensor")
-            constants[str(node.target)] = value.detach()
-    files = {prefix + SOURCE: code.src.encode()}
+                raise _Uncacheable(f"graph attribute {target!r} is not a tensor")
+            constants[target] = value.detach()
+    if subgraphs:
+        files[prefix + SUBGRAPHS] = json.dumps(subgraphs, sort_keys=True).encode()
+    files[prefix + SOURCE] = code.src.encode()
     pycode.precompile(files, prefix + SOURCE, f"<npu_cached eager graph {prefix}{SOURCE}>")
     if constants:
         from .stored_tensors import save_tensors
@@ -189,20 +203,76 @@ def _package_graph(gm: Any, prefix: str) -> tuple[dict[str, bytes], dict[str, An
     return files, refs
 
 
-def _load_graph(files: dict[str, bytes], prefix: str, namespace: dict[str, Any]) -> Callable[..., Any]:
-    exec(pycode.load_code(files, prefix + SOURCE, f"<npu_cached eager graph {prefix}{SOURCE}>"), namespace)
-    forward = namespace["forward"]
-    holder = _Holder()
-    if prefix + CONSTANTS in files:
-        from .stored_tensors import load_tensors  # real tensors even inside Dynamo's fake mode
+def _package_subgraph(sub: Any, target: str, prefix: str, files: dict[str, bytes]) -> dict[str, Any]:
+    """A higher-order op's subgraph (a branch of ``torch.cond``, a checkpointed body):
+    packaged like the graph itself under its own prefix; its globals returned."""
+    import torch
 
-        constants = load_tensors(files[prefix + CONSTANTS])
-        for target, tensor in constants.items():
-            *parents, leaf = target.split(".")
-            obj: Any = holder
-            for part in parents:
-                if not hasattr(obj, part):
-                    setattr(obj, part, _Holder())
-                obj = getattr(obj, part)
-            setattr(obj, leaf, tensor)
+    if not target.isidentifier():
+        raise _Uncacheable(f"graph attribute {target!r} is a nested subgraph")
+    if "_checkpoint_context_fn" in sub.meta:  # selective checkpointing: a policy we cannot store
+        raise _Uncacheable(f"subgraph {target!r} carries a checkpoint context_fn")
+    for node in sub.graph.nodes:  # rebuilt at load by tracing its code, which a nested op defeats
+        if node.op == "get_attr" and isinstance(getattr(sub, str(node.target), None), torch.fx.GraphModule):
+            raise _Uncacheable(f"subgraph {target!r} nests another higher-order op")
+    sub_files, refs = _package_graph(sub, _subgraph_prefix(prefix, target))
+    files.update(sub_files)
+    return refs
+
+
+def _subgraph_prefix(prefix: str, target: str) -> str:
+    return f"{prefix}sub.{target}."
+
+
+def _load_graph(files: dict[str, bytes], prefix: str, namespace: dict[str, Any]) -> Callable[..., Any]:
+    forward = _exec_forward(files, prefix, namespace)
+    holder = _Holder()
+    for target, tensor in _constants(files, prefix).items():
+        *parents, leaf = target.split(".")
+        obj: Any = holder
+        for part in parents:
+            if not hasattr(obj, part):
+                setattr(obj, part, _Holder())
+            obj = getattr(obj, part)
+        setattr(obj, leaf, tensor)
+    for target, module in _subgraph_modules(files, prefix).items():
+        setattr(holder, target, module)
     return types.MethodType(forward, holder)
+
+
+def _exec_forward(files: dict[str, bytes], prefix: str, namespace: dict[str, Any]) -> Callable[..., Any]:
+    exec(pycode.load_code(files, prefix + SOURCE, f"<npu_cached eager graph {prefix}{SOURCE}>"), namespace)
+    return namespace["forward"]
+
+
+def _constants(files: dict[str, bytes], prefix: str) -> dict[str, Any]:
+    if prefix + CONSTANTS not in files:
+        return {}
+    from .stored_tensors import load_tensors  # real tensors even inside Dynamo's fake mode
+
+    return load_tensors(files[prefix + CONSTANTS])
+
+
+def _subgraph_modules(files: dict[str, bytes], prefix: str) -> dict[str, Any]:
+    """The stored subgraphs as real ``GraphModule``s: higher-order ops need one (checkpoint
+    runs it through ``fx.Interpreter``), so each one's code is traced back into a graph,
+    as FX itself does when it unpickles a GraphModule."""
+    if prefix + SUBGRAPHS not in files:
+        return {}
+    import torch
+
+    modules = {}
+    for target, refs in json.loads(files[prefix + SUBGRAPHS]).items():
+        sub_prefix = _subgraph_prefix(prefix, target)
+        forward = _exec_forward(files, sub_prefix, _namespace(refs))
+        root = type(target, (torch.nn.Module,), {"forward": forward})()
+        for name, tensor in _constants(files, sub_prefix).items():
+            *parents, leaf = name.split(".")
+            owner: Any = root
+            for part in parents:
+                if not hasattr(owner, part):
+                    owner.add_module(part, torch.nn.Module())
+                owner = getattr(owner, part)
+            setattr(owner, leaf, tensor)
+        modules[target] = torch.fx.GraphModule(root, torch.fx.Tracer().trace(root), class_name=target)
+    return modules
