@@ -216,7 +216,7 @@ dynamo = sys.modules.get("torch._dynamo")
 frames = int(dynamo.utils.counters["frames"]["total"]) if dynamo is not None else 0
 with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
     json.dump({"worst": worst, "hits": s.hits, "misses": s.misses, "uncached": s.uncached,
-               "bypass_loads": s.bypass_loads, "frames": frames}, f)
+               "bypass_loads": s.bypass_loads, "fallbacks": s.fallbacks, "frames": frames}, f)
 dist.destroy_process_group()
 """
 
@@ -245,10 +245,11 @@ def test_ddp_ranks_share_training_graphs_and_restart_without_compiling(tmp_path:
     assert sum(r["misses"] for r in cold) == graphs and sum(r["hits"] for r in cold) == graphs, cold  # once each
     warm = _torchrun(tmp_path, root, "compile", "warm")
     assert all(r["worst"] < 1e-5 and r["misses"] == 0 and r["hits"] == graphs for r in warm), warm
-    # load() of a DDP module: the DDP optimizer's split graph is not one of ours to replay, so it
-    # falls back to torch.compile - which still compiles nothing
+    # load() of a DDP module replays the DDP optimizer's split graph over the cached pieces on both
+    # ranks: no Dynamo frame, no fallback, gradients and parameters equal to eager's
     loaded = _torchrun(tmp_path, root, "load", "load")
     assert all(r["worst"] < 1e-5 and r["misses"] == 0 and r["hits"] == graphs for r in loaded), loaded
+    assert all(r["frames"] == 0 and r["fallbacks"] == 0 and r["bypass_loads"] == 1 for r in loaded), loaded
 
 
 EDGES = """

@@ -46,6 +46,7 @@ from .program import (
     used_roots,
 )
 from .sources import RESUME_PREFIX, describe_traced, stale_sources, tensor_state
+from .split_graph import Described, describe
 
 _installed = False
 _lock = threading.RLock()
@@ -221,7 +222,10 @@ def _record(code: types.CodeType, out_code: types.CodeType) -> None:
         return
     scope = output.global_scope
     names = _dynamo_globals(out_code, output)
-    graphs = {n: _our_graph(scope.get(n)) for n in names if n.startswith("__compiled_fn") and n in scope}
+    graphs: dict[str, Any] = {}
+    for n in names:
+        if n.startswith("__compiled_fn") and n in scope:  # ours, or the DDP optimizer's split of ours
+            graphs[n] = _our_graph(scope[n]) or describe(scope[n], _our_graph)
     if any(g is None for g in graphs.values()):
         return  # another backend's graph: not ours to replay
     owners = _resume_owners.get(id(code))
@@ -471,9 +475,12 @@ def _resume_code(value: Any) -> tuple[types.CodeType | None, bool]:
 
 
 def _describe_global(
-    builder: ProgramBuilder, name: str, value: Any, graphs: dict[str, CachedGraph], receiver: str | None
+    builder: ProgramBuilder, name: str, value: Any, graphs: dict[str, Any], receiver: str | None
 ) -> tuple[str, dict[str, Any]]:
     """(our name, descriptor) for one Dynamo-installed global."""
+    if isinstance(graphs.get(name), Described):
+        desc = graphs[name].descriptor()
+        return f"___tcb_split_{_digest(desc)[:24]}", desc
     if name in graphs:
         g = graphs[name]
         return f"___tcb_graph_{g.key[:24]}", {"kind": "graph", "key": g.key, "compiler": g.compiler}
@@ -515,7 +522,7 @@ def _add_frame(
     out_code: types.CodeType,
     output: Any,
     names: list[str],
-    graphs: dict[str, CachedGraph],
+    graphs: dict[str, Any],
     receiver: str | None,
     resume_of: str | None,
     wrapper: dict[str, str] | None = None,

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import builtins
 import hashlib
+import sys
 import time
 import types
 from collections.abc import Callable
@@ -36,6 +37,7 @@ from .guard_runtime import CHECKS_FORMAT, GuardChecks, build_checks, receiver_lo
 from .program import PROGRAM_FORMAT, program_key, program_store, target_identity
 from .replay import ReplayedFunction, ResumeDispatch, ResumeFactory, ResumeRouter, Variant, always
 from .sources import stale_sources, tensor_state, tensor_state_difference
+from .split_graph import SplitGraph
 
 
 class CacheMiss(LookupError):
@@ -412,6 +414,8 @@ class _ReplayBuilder:
             kind = desc["kind"]
             if kind == "graph":
                 value: Any = self._graph(desc["key"], desc["compiler"])
+            elif kind == "split":  # Dynamo's DDP optimizer's split of cached graphs
+                value = self._split(desc)
             elif kind == "resume":
                 value = self._resume(desc["origin"], name)
             elif kind in ("module", "builtins", "value"):
@@ -501,6 +505,14 @@ class _ReplayBuilder:
         return router
 
     # -- graphs ---------------------------------------------------------
+    def _split(self, desc: dict[str, Any]) -> SplitGraph:
+        """Dynamo's DDP optimizer's split graph, rebuilt over its cached pieces."""
+        parts = {part: (self._graph(d["key"], d["compiler"]), bool(d["unwrap"])) for part, d in desc["parts"].items()}
+        try:
+            return SplitGraph(desc["steps"], parts)
+        except (KeyError, IndexError, TypeError, ValueError, StopIteration) as exc:
+            raise _Rejected(f"its split graph (DDP) cannot be rebuilt: {exc!r}") from exc
+
     def _graph(self, key: str, compiler_name: str) -> Callable[..., Any]:
         from ..backend import load_graph
 
@@ -553,6 +565,8 @@ def load(
     """
     opts = parse_options(dict(options, cache_dir=cache_dir, compiler=compiler, check_inputs=check_inputs))
     target = module_call_target(target)
+    if _is_ddp(target):
+        return _load_ddp(target, opts, fallback)
     try:
         return build_replay(target, opts)
     except CacheMiss as miss:
@@ -561,6 +575,30 @@ def load(
         record_fallback(_reason_kind(str(miss)))
         log.info("npu_cached: %s; compiling instead", miss)
         return _compiling_stand_in(target, opts, str(miss))
+
+
+def _is_ddp(target: Any) -> bool:
+    ddp = getattr(sys.modules.get("torch.nn.parallel"), "DistributedDataParallel", None)
+    return ddp is not None and isinstance(target, ddp)
+
+
+def _load_ddp(ddp: Any, options: BackendOptions, fallback: bool) -> Callable[..., Any]:
+    """``load()`` of a ``DistributedDataParallel`` module: Dynamo compiles the wrapped
+    module's forward (DDP's own forward runs as Python, its bucketing and gradient
+    hooks included), so the wrapped module's forward is replayed, installed on the
+    instance, and DDP itself is returned to be called as usual."""
+    inner = ddp.module
+    method = types.MethodType(type(inner).forward, inner)
+    try:
+        replay: Callable[..., Any] = build_replay(method, options)
+    except CacheMiss as miss:
+        if not fallback:
+            raise
+        record_fallback(_reason_kind(str(miss)))
+        log.info("npu_cached: %s; compiling instead", miss)
+        replay = _compiling_stand_in(method, options, str(miss))
+    inner.__dict__["forward"] = replay
+    return ddp
 
 
 def _compiling_stand_in(target: Any, options: BackendOptions, why: str) -> Callable[..., Any]:
