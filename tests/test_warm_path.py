@@ -55,7 +55,9 @@ def runs(tmp_path_factory):
         with torch.no_grad():
             f = tcb.load(m, {d!r}, compiler="eager", fallback=False)
             ok = bool(torch.allclose(f(x), m.lin(x).relu()))
-        emit({{"ok": ok, "frames": frames(), "loaded": ours(), "stats": tcb.stats().as_dict()}})
+        checks = f._variants[0].checks
+        emit({{"ok": ok, "frames": frames(), "loaded": ours(), "stats": tcb.stats().as_dict(),
+               "full_loaded": checks._full is not None, "meta_parsed": checks._meta is not None}})
         """),
         env={"TCB_PROFILE": "1"},
     )
@@ -82,6 +84,12 @@ def test_warm_load_does_not_import_capture(runs):
     assert not {"torchair_cached_backend.bypass.capture", "torchair_cached_backend.bypass.guard_capture"} & set(
         warm["loaded"]
     ), warm["loaded"]
+
+
+def test_full_check_and_explanations_not_loaded_on_the_warm_path(runs):
+    # guards="call"'s full check and the guards' explanations are read only when used
+    _, warm = runs
+    assert warm["full_loaded"] is False and warm["meta_parsed"] is False, warm
 
 
 def test_profile_prints_the_breakdown(runs):
