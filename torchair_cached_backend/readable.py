@@ -75,11 +75,11 @@ def _guard_meta(guards: dict[str, Any], entry_dir: str, cache_root: str) -> list
     """The guards' explanations: in the guards blob (format 3), else in the manifest."""
     if guards.get("meta") or not guards.get("code"):
         return guards.get("meta") or []
-    from .bypass.guard_runtime import unpack_checks
+    from .bypass.guard_runtime import checks_meta
 
     try:
         blob = fs.read_private(os.path.join(entry_dir, "files", guards["code"]), root=cache_root)
-        return json.loads(unpack_checks(blob)[2])
+        return checks_meta(blob)
     except (OSError, ValueError):
         return []
 

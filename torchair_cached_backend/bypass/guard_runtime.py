@@ -19,6 +19,7 @@ import math
 import os
 import struct
 import types
+import zlib
 from collections.abc import Callable
 from typing import Any
 
@@ -34,8 +35,10 @@ _SIZES = struct.Struct("<3Q")
 
 
 def pack_checks(checks: bytes, full: bytes, meta: list[dict[str, Any]]) -> bytes:
-    """One guards blob: the load-path checks, the full check, the explanations (JSON)."""
-    parts = (checks, full, json.dumps(meta, separators=(",", ":"), default=str).encode())
+    """One guards blob: the load-path checks, then zlib-compressed (fewer bytes to read and
+    hash at every start) the full check and the explanations (JSON), decompressed on use."""
+    meta_json = json.dumps(meta, separators=(",", ":"), default=str).encode()
+    parts = (checks, zlib.compress(full, 6), zlib.compress(meta_json, 6))
     return _BLOB_MAGIC + _SIZES.pack(*map(len, parts)) + b"".join(parts)
 
 
@@ -51,6 +54,19 @@ def unpack_checks(blob: bytes) -> tuple[bytes, bytes, bytes]:
                                     fix="it is rebuilt by the next compile")
     a, b = head + sizes[0], head + sizes[0] + sizes[1]
     return blob[head:a], blob[a:b], blob[b:]
+
+
+def _inflate(part: bytes | None) -> bytes:
+    try:
+        return zlib.decompress(part or b"")
+    except zlib.error as exc:
+        raise code_codec.CodecError(f"a part of the guards blob does not decompress ({exc})",
+                                    fix="it is rebuilt by the next compile") from None
+
+
+def checks_meta(blob: bytes) -> list[dict[str, Any]]:
+    """The guards' explanations stored in a guards blob (for ``readable_cache``)."""
+    return json.loads(_inflate(unpack_checks(blob)[2]))
 
 
 def _odict_getitem(d: Any, key: Any) -> Any:
@@ -302,7 +318,7 @@ class GuardChecks:
     def full(self) -> Callable[..., bool]:
         """Every guard per call; loaded on first use (``guards="call"``, an unfixed receiver)."""
         if self._full is None:
-            exec(code_codec.loads_code(self._full_code or b""), self.namespace)  # noqa: S102 - ours, checksummed
+            exec(code_codec.loads_code(_inflate(self._full_code)), self.namespace)  # noqa: S102 - ours, checksummed
             self._full = self.namespace["___full_check"]
             if self._defaults is not None:
                 _bind_defaults(self._full, *self._defaults)
@@ -312,7 +328,7 @@ class GuardChecks:
     def meta(self) -> list[dict[str, Any]]:
         """The guards' expressions and explanations: parsed only when one fails."""
         if self._meta is None:
-            self._meta = json.loads(self._meta_json or b"[]")
+            self._meta = json.loads(_inflate(self._meta_json))
         return self._meta
 
     def set_defaults(self, defaults: tuple[Any, ...] | None, kwdefaults: dict[str, Any] | None) -> None:
