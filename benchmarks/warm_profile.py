@@ -9,6 +9,7 @@ and eager processes run round-robin. Warm children run with ``TCB_PROFILE=1`` an
 the breakdown line it prints.
 
 usage: python benchmarks/warm_profile.py [--repeat 7] [--layers 4] [--out PATH]
+       [--package-root DIR]   # measure the package at DIR (default: this checkout), e.g. an older commit
 """
 
 from __future__ import annotations
@@ -36,9 +37,10 @@ def _child(action: str, cache_dir: str, layers: int) -> dict:
     import hf_tiny
 
     hf_tiny.SIZES["profile"] = hf_tiny.Size(128, layers, 4, 2, 24)
-    out: dict = {"dynamo_imported_before": "torch._dynamo" in sys.modules}
+    out: dict = {}
     with torch.no_grad():
         model, inputs = hf_tiny.build("llama", size="profile")
+        out["dynamo_imported_before"] = "torch._dynamo" in sys.modules
         if action == "eager":
             t0 = time.perf_counter()
             model(**inputs)
@@ -55,7 +57,7 @@ def _child(action: str, cache_dir: str, layers: int) -> dict:
         t2 = time.perf_counter()
         got = fn(**inputs)
         t3 = time.perf_counter()
-        out.update(import_s=t1 - t0, load_s=t2 - t1, call_s=t3 - t2, first_call_s=t3 - t0)
+        out.update(import_s=t1 - t0, load_s=t2 - t1, call_s=t3 - t2, first_call_s=t3 - t0, package=tcb.__file__)
         out["capture_imported"] = "torchair_cached_backend.bypass.capture" in sys.modules
         expected = model(**inputs)
         out["max_abs_diff"] = (got.logits - expected.logits).abs().max().item()
@@ -89,7 +91,7 @@ def render(doc: dict) -> str:
     if eager and warm:
         rows += ["", f"warm / eager first call: {warm / eager:.2f}x; replay's own cost: "
                  f"{(warm - eager) * 1e3:.2f} ms"]
-    profiles = [r["profile"] for r in doc["warm"] if r.get("profile")]
+    profiles = [r["profile"] for r in doc.get("warm_profiled", []) if r.get("profile")]
     if profiles:
         rows += ["", "`TCB_PROFILE=1` breakdown of one warm start:", "", "```", profiles[len(profiles) // 2], "```"]
     return "\n".join(rows) + "\n"
@@ -100,6 +102,7 @@ def main() -> None:
     p.add_argument("--repeat", type=int, default=7)
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--out", default=os.path.join(HERE, "results", "warm_profile.json"))
+    p.add_argument("--package-root", default=REPO)
     p.add_argument("--child", nargs=3)
     a = p.parse_args()
     if a.child:
@@ -107,22 +110,24 @@ def main() -> None:
         return
     work = tempfile.mkdtemp(prefix="tcb_warm_profile_")
     cache, ind = os.path.join(work, "cache"), os.path.join(work, "inductor")
-    cold = harness.spawn(__file__, ["cold", cache, str(a.layers)], ind, 600, CHILD_ENV)
+    env = dict(CHILD_ENV, PYTHONPATH=os.path.abspath(a.package_root))
+    cold = _spawn_profiled(["cold", cache, str(a.layers)], ind, env)
     if "error" in cold:
         sys.exit(f"cold run failed: {cold['error']}")
-    doc: dict = {"layers": a.layers, "repeat": a.repeat, "eager": [], "warm": []}
-    for _ in range(a.repeat):
-        doc["eager"].append(harness.spawn(__file__, ["eager", cache, str(a.layers)], ind, 300, CHILD_ENV))
-        env = dict(CHILD_ENV, TCB_PROFILE="1")
-        warm = _spawn_profiled(["warm", cache, str(a.layers)], ind, env)
-        doc["warm"].append(warm)
-        print(json.dumps(warm), flush=True)
+    doc: dict = {"layers": a.layers, "repeat": a.repeat, "package_root": a.package_root, "eager": [], "warm": [],
+                 "warm_profiled": []}
+    for _ in range(a.repeat):  # round-robin: a noisy neighbour hits all alike
+        doc["eager"].append(_spawn_profiled(["eager", cache, str(a.layers)], ind, env))
+        doc["warm"].append(_spawn_profiled(["warm", cache, str(a.layers)], ind, env))
+        doc["warm_profiled"].append(_spawn_profiled(["warm", cache, str(a.layers)], ind, dict(env, TCB_PROFILE="1")))
+        print(json.dumps(doc["warm"][-1]), flush=True)
     harness.write_outputs(doc, a.out, render)
     print(render(doc))
 
 
 def _spawn_profiled(args: list[str], ind: str, env: dict[str, str]) -> dict:
-    """A warm child, keeping the ``TCB_PROFILE`` line it printed on stderr."""
+    """A child running the package found on ``env["PYTHONPATH"]``, keeping the
+    ``TCB_PROFILE`` line it printed on stderr."""
     import subprocess
 
     os.makedirs(ind, exist_ok=True)
@@ -134,6 +139,8 @@ def _spawn_profiled(args: list[str], ind: str, env: dict[str, str]) -> dict:
     for line in proc.stdout.splitlines():
         if line.startswith(harness.RESULT_TAG):
             result = json.loads(line[len(harness.RESULT_TAG):])
+    if "error" in result:
+        return result
     result["profile"] = next((ln for ln in proc.stderr.splitlines() if "tcb profile" in ln), None)
     return result
 
