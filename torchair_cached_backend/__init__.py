@@ -9,6 +9,7 @@ Importing this package is cheap: Dynamo, Inductor and torchair load on first use
 
 from __future__ import annotations
 
+import os as _os
 from typing import Any
 
 from .options import BackendOptions, OptionError, parse_options
@@ -56,3 +57,8 @@ __all__ = [
 ]
 
 register_if_dynamo_loaded()
+
+if _os.environ.get("TCB_PROFILE", "").strip() not in ("", "0"):  # where a warm start spends its time
+    from . import profiling as _profiling
+
+    _profiling.install()

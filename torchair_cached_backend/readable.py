@@ -50,13 +50,13 @@ def describe_program(entry_dir: str) -> str:
     for i, variant in enumerate(program.get("variants", [])):
         frame = program["frames"].get(variant["root"], {})
         w(f"\n## variant {i}: root frame {variant['root']}\n")
-        _write_checks(w, frame)
+        _write_checks(w, frame, entry_dir, cache_root)
     for group in program.get("resumes", {}).values():
         w(f"\n## after a graph break: {group['name']} ({len(group.get('frames', []))} compiled variant(s); "
           "the original code runs eagerly when none fits)\n")
         for fid in group.get("frames", []):
             w(f"\n### resume variant, frame {fid}\n")
-            _write_checks(w, program["frames"].get(fid, {}))
+            _write_checks(w, program["frames"].get(fid, {}), entry_dir, cache_root)
     for fid, frame in program["frames"].items():
         w(f"\n## frame {fid} ({frame['co_name']})\n")
         for name, desc in frame["globals"].items():
@@ -71,7 +71,20 @@ def describe_program(entry_dir: str) -> str:
     return out.getvalue()
 
 
-def _write_checks(w: Any, frame: dict[str, Any]) -> None:
+def _guard_meta(guards: dict[str, Any], entry_dir: str, cache_root: str) -> list[dict[str, Any]]:
+    """The guards' explanations: in the guards blob (format 3), else in the manifest."""
+    if guards.get("meta") or not guards.get("code"):
+        return guards.get("meta") or []
+    from .bypass.guard_runtime import checks_meta
+
+    try:
+        blob = fs.read_private(os.path.join(entry_dir, "files", guards["code"]), root=cache_root)
+        return checks_meta(blob)
+    except (OSError, ValueError):
+        return []
+
+
+def _write_checks(w: Any, frame: dict[str, Any], entry_dir: str, cache_root: str) -> None:
     """What a warm start checks before replaying this frame (see the README)."""
     if frame.get("unsupported"):
         w(f"NOT REPLAYABLE: {frame['unsupported']}\n")
@@ -79,7 +92,7 @@ def _write_checks(w: Any, frame: dict[str, Any]) -> None:
     state = guards.get("state") or {}
     if state:
         w(f"captured under: {json.dumps(state)}\n")
-    meta = guards.get("meta") or []
+    meta = _guard_meta(guards, entry_dir, cache_root)
     for scope, title in (("load", "checked once when the warm start loads"),
                          ("call", "checked on every call (selects the variant)")):
         items = [m for m in meta if m.get("scope") == scope]

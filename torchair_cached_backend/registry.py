@@ -2,7 +2,8 @@
 
 Two routes, both idempotent: the ``torch_dynamo_backends`` entry point (an
 installed package needs no import at all), and :func:`register` on import when
-Dynamo is already loaded. Importing this module never imports Dynamo.
+Dynamo is already loaded. Importing this module never imports Dynamo, and
+registering never imports the capture machinery (that waits for the name to be used).
 """
 
 from __future__ import annotations
@@ -39,20 +40,28 @@ def __getattr__(name: str) -> Any:
 def register() -> None:
     """Make ``backend="npu_cached"`` resolvable in this process.
 
+    The name goes in as a lazy entry point (as the installed package's own): Dynamo
+    loads it at ``torch.compile(backend="npu_cached")``, which resolves ``npu_cached``
+    through :func:`__getattr__` above and so installs the bytecode capture before the
+    first frame. Registering imports none of the capture machinery, so ``import
+    torchair_cached_backend`` in a process that already imported Dynamo (every
+    transformers process) keeps the warm path light.
+
     When the name was discovered through the entry point but not yet loaded,
     Dynamo will load it itself; registering as well would make Dynamo's own
     ``register_backend`` fail on a duplicate name, so we leave it alone.
     """
+    from importlib.metadata import EntryPoint
+
     from torch._dynamo.backends import registry
 
-    from .bypass.capture import ensure_installed
-
-    ensure_installed()
     if BACKEND_NAME in registry._COMPILER_FNS:
         return
     if registry._BACKENDS.get(BACKEND_NAME) is not None:  # an entry point Dynamo will load
         return
-    registry.register_backend(compiler_fn=_npu_cached, name=BACKEND_NAME)
+    registry._BACKENDS[BACKEND_NAME] = EntryPoint(
+        name=BACKEND_NAME, value=f"{__name__}:{BACKEND_NAME}", group="torch_dynamo_backends"
+    )
 
 
 def register_if_dynamo_loaded() -> None:

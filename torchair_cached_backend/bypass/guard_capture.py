@@ -32,7 +32,7 @@ import torch
 
 from .. import code_codec
 from .guard_codegen import LOCAL_RE, Unsupported, self_test, signature_params, source_module
-from .guard_runtime import CHECKS_FORMAT, HELPERS, function_modes, short, unwrap_attribute
+from .guard_runtime import CHECKS_FORMAT, HELPERS, function_modes, pack_checks, short, unwrap_attribute
 from .process_state import process_state_reads
 
 #: guard types that read process-global state, not a source
@@ -540,7 +540,9 @@ class FrameGuards:
             "format": CHECKS_FORMAT,
             "code": blob_name,
             "consts": self.consts,
-            "meta": self.meta,
+            # the guards' explanations travel in the blob (read only when one fails); an
+            # unreplayable frame has no blob and keeps them here, for `readable_cache`
+            "meta": [] if self.blob is not None else self.meta,
             "state": self.state,
             "receiver": self.receiver,
             "uses_cells": self.uses_cells,
@@ -603,16 +605,20 @@ def capture_frame_guards(
         if builder.uses_cells:
             call_params, defs = signature_params(code, with_cells=True)
             source = source_module(builder, call_params, defs)
-        result.digest = hashlib.sha256(source.encode()).hexdigest()
-        compiled = compile(source, f"<npu_cached guards {code.co_name}>", "exec")
+        result.digest = hashlib.sha256("".join(source).encode()).hexdigest()
+        compiled = (compile(source[0], f"<npu_cached guards {code.co_name}>", "exec"),
+                    compile(source[1], f"<npu_cached full guard {code.co_name}>", "exec"))
         self_test(compiled, builder, code, local_scope, global_scope, receiver, capture_ns)
-        result.blob = code_codec.dumps_code(compiled)
+        result.meta = [{k: v for k, v in g.items() if k != "tensor"} for g in builder.guards]
+        result.blob = pack_checks(code_codec.dumps_code(compiled[0]), code_codec.dumps_code(compiled[1]),
+                                  result.meta)
     except (Unsupported, code_codec.CodecError) as exc:
         result.unsupported = str(exc)
     except Exception as exc:  # never break Dynamo's compile: this frame is just not replayed
         result.unsupported = f"guard capture failed: {type(exc).__name__}: {exc}"
     result.consts = builder.consts
-    result.meta = [{k: v for k, v in g.items() if k != "tensor"} for g in builder.guards]
+    if not result.meta:
+        result.meta = [{k: v for k, v in g.items() if k != "tensor"} for g in builder.guards]
     result.uses_cells = builder.uses_cells
     result.fingerprints = builder.fingerprints
     return result

@@ -66,7 +66,10 @@ def signature_params(code: types.CodeType, with_cells: bool) -> tuple[str, list[
     return ", ".join(parts), bound
 
 
-def source_module(builder: GuardTable, call_params: str, defs: list[str]) -> str:
+def source_module(builder: GuardTable, call_params: str, defs: list[str]) -> tuple[str, str]:
+    """(the checks every warm start loads: ``___bind``, ``___call_check``, ``___load_check``;
+    ``___full_check``, stored apart and loaded only where it is used: ``guards="call"``
+    or a receiver not fixed at load)."""
     lines = [f"# npu_cached guard checks, format {CHECKS_FORMAT}"]
     call = [g["expr"] for g in builder.guards if g["scope"] == "call"]
     everything = [g["expr"] for g in builder.guards]
@@ -77,12 +80,13 @@ def source_module(builder: GuardTable, call_params: str, defs: list[str]) -> str
         bound += [f"{n!r}: ___cells[{i}].cell_contents" for i, n in enumerate(builder.freevars)]
     lines.append(f"def ___bind({call_params}):\n    return {{{', '.join(bound)}}}")
     lines.append(f"def ___call_check({call_params}):\n    return {' and '.join(builder_param(builder, x) for x in call) or 'True'}")
-    lines.append(f"def ___full_check({call_params}):\n    return {' and '.join(builder_param(builder, x) for x in everything) or 'True'}")
+    full = (f"# npu_cached full guard check, format {CHECKS_FORMAT}\n"
+            f"def ___full_check({call_params}):\n    return {' and '.join(builder_param(builder, x) for x in everything) or 'True'}\n")
     # load-time guards, evaluated once in order; the index of the first that fails (messages are
     # made only then, from the expression text kept in the JSON meta)
     body = [f"    if not {g['expr']}: return {i}" for i, g in enumerate(builder.guards) if g["scope"] == "load"]
     lines.append("def ___load_check(L):\n" + "\n".join(body + ["    return -1"]))
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n", full
 
 
 def builder_param(builder: GuardTable, expr: str) -> str:
@@ -116,7 +120,7 @@ def call_args(code: types.CodeType, local: dict[str, Any]) -> tuple[list[Any], d
 
 
 def self_test(
-    compiled: types.CodeType,
+    compiled: tuple[types.CodeType, types.CodeType],
     builder: GuardTable,
     code: types.CodeType,
     local_scope: dict[str, Any],
@@ -131,10 +135,10 @@ def self_test(
     namespace["___G"] = global_scope
     namespace["___cells"] = tuple(types.CellType(local_scope.get(n)) for n in builder.freevars)
     namespace["___recv"] = receiver_value(receiver, local_scope)
-    roundtrip = code_codec.loads_code(code_codec.dumps_code(compiled))
     for i, desc in enumerate(builder.consts):
         namespace[f"___c{i}"] = decode_const(desc)
-    exec(roundtrip, namespace)  # noqa: S102 - just generated above
+    for part in compiled:
+        exec(code_codec.loads_code(code_codec.dumps_code(part)), namespace)  # noqa: S102 - just generated above
     for entry in builder.guards:
         try:
             ok = eval(entry["expr"], namespace, {"L": local_scope})  # noqa: S307 - generated above

@@ -1,8 +1,9 @@
 """Evaluating recorded guards at a warm start, without Dynamo.
 
-A frame's guards are stored as a small generated Python module (compiled once
-at capture, marshalled through our code codec) plus a JSON table of the
-constants it compares against. This module rebuilds that namespace: the helper
+A frame's guards are stored as one blob (compiled once at capture, marshalled
+through our code codec: the checks every warm start runs; apart, the full check
+only ``guards="call"`` uses and the guards' explanations, read only when a guard
+fails) plus a JSON table of the constants the checks compare against. This module rebuilds that namespace: the helper
 functions the guard expressions call, the decoded constants, and the live
 module globals the expressions read as ``___G``. The same namespace is used at
 capture to self-test the generated checks, so both processes evaluate
@@ -13,9 +14,12 @@ from __future__ import annotations
 
 import collections
 import importlib
+import json
 import math
 import os
+import struct
 import types
+import zlib
 from collections.abc import Callable
 from typing import Any
 
@@ -23,8 +27,46 @@ import torch
 
 from .. import code_codec
 
-#: bumped when the generated check module's contract changes
-CHECKS_FORMAT = 2
+#: bumped when the generated check module's contract changes (3: the blob holds the
+#: checks, the full check and the explanations as separate parts)
+CHECKS_FORMAT = 3
+_BLOB_MAGIC = b"npu_cached guards 3\0"
+_SIZES = struct.Struct("<3Q")
+
+
+def pack_checks(checks: bytes, full: bytes, meta: list[dict[str, Any]]) -> bytes:
+    """One guards blob: the load-path checks, then zlib-compressed (fewer bytes to read and
+    hash at every start) the full check and the explanations (JSON), decompressed on use."""
+    meta_json = json.dumps(meta, separators=(",", ":"), default=str).encode()
+    parts = (checks, zlib.compress(full, 6), zlib.compress(meta_json, 6))
+    return _BLOB_MAGIC + _SIZES.pack(*map(len, parts)) + b"".join(parts)
+
+
+def unpack_checks(blob: bytes) -> tuple[bytes, bytes, bytes]:
+    """The three parts of :func:`pack_checks`; CodecError for anything else."""
+    head = len(_BLOB_MAGIC) + _SIZES.size
+    if not blob.startswith(_BLOB_MAGIC) or len(blob) < head:
+        raise code_codec.CodecError("the guards blob is not in this version's format",
+                                    fix="it is rebuilt by the next compile")
+    sizes = _SIZES.unpack_from(blob, len(_BLOB_MAGIC))
+    if head + sum(sizes) != len(blob):
+        raise code_codec.CodecError("the guards blob's parts do not add up (truncated?)",
+                                    fix="it is rebuilt by the next compile")
+    a, b = head + sizes[0], head + sizes[0] + sizes[1]
+    return blob[head:a], blob[a:b], blob[b:]
+
+
+def _inflate(part: bytes | None) -> bytes:
+    try:
+        return zlib.decompress(part or b"")
+    except zlib.error as exc:
+        raise code_codec.CodecError(f"a part of the guards blob does not decompress ({exc})",
+                                    fix="it is rebuilt by the next compile") from None
+
+
+def checks_meta(blob: bytes) -> list[dict[str, Any]]:
+    """The guards' explanations stored in a guards blob (for ``readable_cache``)."""
+    return json.loads(_inflate(unpack_checks(blob)[2]))
 
 
 def _odict_getitem(d: Any, key: Any) -> Any:
@@ -256,25 +298,46 @@ class GuardChecks:
     are made only on failure, from the guard's expression text.
     """
 
-    __slots__ = ("call", "full", "bind", "load_check", "meta", "receiver", "namespace")
+    __slots__ = ("call", "bind", "load_check", "receiver", "namespace", "_full", "_full_code", "_meta",
+                 "_meta_json", "_defaults")
 
-    def __init__(self, namespace: dict[str, Any], meta: list[dict[str, Any]], receiver: str | None) -> None:
+    def __init__(self, namespace: dict[str, Any], meta: list[dict[str, Any]] | None, receiver: str | None,
+                 full_code: bytes | None = None, meta_json: bytes | None = None) -> None:
         self.call: Callable[..., bool] = namespace["___call_check"]
-        self.full: Callable[..., bool] = namespace["___full_check"]
         self.bind: Callable[..., dict[str, Any]] = namespace["___bind"]
         self.load_check: Callable[[dict[str, Any]], int] = namespace["___load_check"]
-        self.meta = meta
+        self._full: Callable[..., bool] | None = namespace.get("___full_check")
+        self._full_code = full_code
+        self._meta = meta if meta_json is None else None
+        self._meta_json = meta_json
+        self._defaults: tuple[Any, Any] | None = None
         self.receiver = receiver
         self.namespace = namespace
+
+    @property
+    def full(self) -> Callable[..., bool]:
+        """Every guard per call; loaded on first use (``guards="call"``, an unfixed receiver)."""
+        if self._full is None:
+            exec(code_codec.loads_code(_inflate(self._full_code)), self.namespace)  # noqa: S102 - ours, checksummed
+            self._full = self.namespace["___full_check"]
+            if self._defaults is not None:
+                _bind_defaults(self._full, *self._defaults)
+        return self._full
+
+    @property
+    def meta(self) -> list[dict[str, Any]]:
+        """The guards' expressions and explanations: parsed only when one fails."""
+        if self._meta is None:
+            self._meta = json.loads(_inflate(self._meta_json))
+        return self._meta
 
     def set_defaults(self, defaults: tuple[Any, ...] | None, kwdefaults: dict[str, Any] | None) -> None:
         """Bind like the live function: same positional and keyword-only defaults
         (plus the closure cells the checks read free variables from)."""
-        for fn in (self.call, self.full, self.bind):
-            fn.__defaults__ = defaults
-            merged = dict(fn.__kwdefaults__ or {})
-            merged.update(kwdefaults or {})
-            fn.__kwdefaults__ = merged or None
+        self._defaults = (defaults, kwdefaults)
+        for fn in (self.call, self._full, self.bind):
+            if fn is not None:
+                _bind_defaults(fn, defaults, kwdefaults)
 
     def load_failures(self, local: dict[str, Any]) -> list[str]:
         """The load-time guards that fail for ``local`` (the receiver, closure contents)."""
@@ -327,6 +390,13 @@ class GuardChecks:
         return self.failures(local, ("load", "call") if full else ("call",))
 
 
+def _bind_defaults(fn: Any, defaults: tuple[Any, ...] | None, kwdefaults: dict[str, Any] | None) -> None:
+    fn.__defaults__ = defaults
+    merged = dict(fn.__kwdefaults__ or {})
+    merged.update(kwdefaults or {})
+    fn.__kwdefaults__ = merged or None
+
+
 def short(value: Any) -> str:
     """A process-independent, short rendering of a guarded value (no addresses)."""
     if isinstance(value, torch.Tensor):
@@ -367,19 +437,29 @@ def build_checks(
 ) -> GuardChecks:
     """Rebuild a frame's checks: decode constants, exec the stored check module
     with ``scope`` (the live module globals) as ``___G``; ``recv`` is the bound
-    receiver a resume frame's receiver argument must be."""
+    receiver a resume frame's receiver argument must be. (``meta``: unused since format 3, the
+    explanations travel in the blob.)"""
     namespace: dict[str, Any] = dict(HELPERS)
     namespace["___G"] = scope
     namespace["___recv"] = recv
-    memo = {} if memo is None else memo
-    for i, desc in enumerate(consts):
-        key = repr(desc)  # variants of one program share most constants (descs come from one JSON: same order)
-        if key not in memo:
-            memo[key] = decode_const(desc)
-        namespace[f"___c{i}"] = memo[key]
-    code = code_codec.loads_code(code_blob)
-    exec(code, namespace)  # noqa: S102 - generated by our capture, checksummed in the store
-    return GuardChecks(namespace, meta, receiver)
+    for i, value in enumerate(decode_consts(consts, {} if memo is None else memo)):
+        namespace[f"___c{i}"] = value
+    checks_code, full_code, meta_json = unpack_checks(code_blob)
+    exec(code_codec.loads_code(checks_code), namespace)  # noqa: S102 - generated by our capture, checksummed
+    return GuardChecks(namespace, None, receiver, full_code, meta_json)
+
+
+def decode_consts(consts: list[Any], memo: dict[str, Any]) -> list[Any]:
+    """A frame's constant table decoded, shared through ``memo`` by the program's frames
+    (variants of one program share most constants; descs come from one JSON: same order)."""
+    out = []
+    for desc in consts:
+        key = repr(desc)
+        value = memo.get(key, _MISSING)
+        if value is _MISSING:
+            value = memo[key] = decode_const(desc)
+        out.append(value)
+    return out
 
 
 def decode_const(desc: Any) -> Any:

@@ -1,0 +1,149 @@
+"""Fixed cost of a warm start on a tiny transformers Llama: where the milliseconds go.
+
+A tiny model makes eager's first call a few milliseconds, so what remains of a warm
+``tcb.load`` start is the replay's own cost: importing the package (with Dynamo
+already imported, as transformers does), ``tcb.load`` (read, verify, decode, checks,
+load-time guards, graphs) and the first call. One untimed cold process fills the cache
+(``torch.compile(model, backend="npu_cached")``, eager inner compiler); then fresh warm
+and eager processes run round-robin. Warm children run with ``TCB_PROFILE=1`` and keep
+the breakdown line it prints.
+
+usage: python benchmarks/warm_profile.py [--repeat 7] [--layers 4] [--out PATH]
+       [--package-root DIR]   # measure the package at DIR (default: this checkout), e.g. an older commit
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+import harness
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+CHILD_ENV = {"OMP_NUM_THREADS": "1"}
+
+
+def _child(action: str, cache_dir: str, layers: int) -> dict:
+    import torch
+    import transformers  # noqa: F401  (imports Dynamo, as in every transformers process)
+
+    sys.path.insert(0, os.path.join(REPO, "tests"))
+    import hf_tiny
+
+    hf_tiny.SIZES["profile"] = hf_tiny.Size(128, layers, 4, 2, 24)
+    out: dict = {}
+    with torch.no_grad():
+        model, inputs = hf_tiny.build("llama", size="profile")
+        out["dynamo_imported_before"] = "torch._dynamo" in sys.modules
+        if action == "eager":
+            t0 = time.perf_counter()
+            model(**inputs)
+            out["first_call_s"] = time.perf_counter() - t0
+            return out
+        t0 = time.perf_counter()
+        import torchair_cached_backend as tcb
+
+        t1 = time.perf_counter()
+        if action == "cold":
+            fn = torch.compile(model, backend="npu_cached", options={"cache_dir": cache_dir, "compiler": "eager"})
+        else:
+            fn = tcb.load(model, cache_dir, compiler="eager", fallback=False)
+        t2 = time.perf_counter()
+        got = fn(**inputs)
+        t3 = time.perf_counter()
+        out.update(import_s=t1 - t0, load_s=t2 - t1, call_s=t3 - t2, first_call_s=t3 - t0, package=tcb.__file__)
+        out["capture_imported"] = "torchair_cached_backend.bypass.capture" in sys.modules
+        expected = model(**inputs)
+        out["max_abs_diff"] = (got.logits - expected.logits).abs().max().item()
+    return out
+
+
+def _median(runs: list[dict], key: str) -> float | None:
+    values = [r[key] for r in runs if key in r]
+    return statistics.median(values) if values else None
+
+
+def render(doc: dict) -> str:
+    rows = [
+        "# Warm-start fixed cost (tiny transformers Llama, bypass route, eager inner compiler)",
+        "",
+        f"{doc['layers']} layers, d=128, input (2, 24); fresh processes, median of {doc['repeat']} "
+        "(min-max). Times in ms.",
+        "",
+        "| measure | median | min | max |",
+        "|---|---|---|---|",
+    ]
+    for key, runs in (("eager first call", doc["eager"]), ("import torchair_cached_backend", doc["warm"]),
+                      ("tcb.load", doc["warm"]), ("first call of the replay", doc["warm"]),
+                      ("warm total (import + load + call)", doc["warm"])):
+        field = {"eager first call": "first_call_s", "import torchair_cached_backend": "import_s",
+                 "tcb.load": "load_s", "first call of the replay": "call_s"}.get(key, "first_call_s")
+        values = [r[field] * 1e3 for r in runs if field in r]
+        if values:
+            rows.append(f"| {key} | {statistics.median(values):.2f} | {min(values):.2f} | {max(values):.2f} |")
+    eager, warm = _median(doc["eager"], "first_call_s"), _median(doc["warm"], "first_call_s")
+    if eager and warm:
+        rows += ["", f"warm / eager first call: {warm / eager:.2f}x; replay's own cost: "
+                 f"{(warm - eager) * 1e3:.2f} ms"]
+    profiles = [r["profile"] for r in doc.get("warm_profiled", []) if r.get("profile")]
+    if profiles:
+        rows += ["", "`TCB_PROFILE=1` breakdown of one warm start:", "", "```", profiles[len(profiles) // 2], "```"]
+    return "\n".join(rows) + "\n"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--repeat", type=int, default=7)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--out", default=os.path.join(HERE, "results", "warm_profile.json"))
+    p.add_argument("--package-root", default=REPO)
+    p.add_argument("--child", nargs=3)
+    a = p.parse_args()
+    if a.child:
+        harness.report(_child(a.child[0], a.child[1], int(a.child[2])))
+        return
+    work = tempfile.mkdtemp(prefix="tcb_warm_profile_")
+    cache, ind = os.path.join(work, "cache"), os.path.join(work, "inductor")
+    env = dict(CHILD_ENV, PYTHONPATH=os.path.abspath(a.package_root))
+    cold = _spawn_profiled(["cold", cache, str(a.layers)], ind, env)
+    if "error" in cold:
+        sys.exit(f"cold run failed: {cold['error']}")
+    doc: dict = {"layers": a.layers, "repeat": a.repeat, "package_root": a.package_root, "eager": [], "warm": [],
+                 "warm_profiled": []}
+    for _ in range(a.repeat):  # round-robin: a noisy neighbour hits all alike
+        doc["eager"].append(_spawn_profiled(["eager", cache, str(a.layers)], ind, env))
+        doc["warm"].append(_spawn_profiled(["warm", cache, str(a.layers)], ind, env))
+        doc["warm_profiled"].append(_spawn_profiled(["warm", cache, str(a.layers)], ind, dict(env, TCB_PROFILE="1")))
+        print(json.dumps(doc["warm"][-1]), flush=True)
+    harness.write_outputs(doc, a.out, render)
+    print(render(doc))
+
+
+def _spawn_profiled(args: list[str], ind: str, env: dict[str, str]) -> dict:
+    """A child running the package found on ``env["PYTHONPATH"]``, keeping the
+    ``TCB_PROFILE`` line it printed on stderr."""
+    import subprocess
+
+    os.makedirs(ind, exist_ok=True)
+    full = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=ind, **env)
+    full.pop("PYTHONDONTWRITEBYTECODE", None)
+    proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", *args], env=full,
+                          capture_output=True, text=True, timeout=300)
+    result: dict = {"error": (proc.stderr.strip().splitlines() or ["no output"])[-1][:500]}
+    for line in proc.stdout.splitlines():
+        if line.startswith(harness.RESULT_TAG):
+            result = json.loads(line[len(harness.RESULT_TAG):])
+    if "error" in result:
+        return result
+    result["profile"] = next((ln for ln in proc.stderr.splitlines() if "tcb profile" in ln), None)
+    return result
+
+
+if __name__ == "__main__":
+    main()
