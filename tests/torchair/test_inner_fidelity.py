@@ -268,8 +268,10 @@ def test_uncacheable_graph_never_points_ge_into_the_store(ours):
     for phase in ("cold", "warm", "again"):
         rep = ours[phase]["uncacheable"]
         (load,) = rep["loads"]
-        ge_dir = load["options"]["ge.graph_compiler_cache_dir"]
-        assert "/graphs/" not in ge_dir and load["ge_cache_dir_exists"], ge_dir
+        # a training graph with ge_cache is served by torchair's own training route (uncached, with its
+        # reason): GE then gets no cache dir at all; where it gets one, it is a private dir of its own
+        ge_dir = load["options"].get("ge.graph_compiler_cache_dir")
+        assert ge_dir is None or ("/graphs/" not in ge_dir and load["ge_cache_dir_exists"]), ge_dir
         assert rep["quarantined"] == 0 and rep["hits"] == 0
         assert [d for d in rep["store"] if d.startswith("graphs/")] == [], rep["store"]
         assert "quarantine" not in rep["store"]
