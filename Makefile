@@ -7,6 +7,8 @@ STAMP := $(VENV)/.installed
 
 BENCH_MODELS ?= mlp,gpt,gpt16
 BENCH_REPEAT ?= 5
+# test files run on this many workers (pytest-xdist), one file per worker: module-scoped cold caches stay shared
+TEST_WORKERS ?= 2
 
 .PHONY: venv demo test test-fast lint redis bench bench-smoke bench-torchair bench-fleet bench-models bench-training bench-remote clean
 
@@ -31,7 +33,7 @@ redis:  ## redis-server for the remote-tier tests (the distribution's package; C
 	else echo "redis-server not found and cannot be installed here: the remote-tier tests will skip (install redis-server)"; fi
 
 test: $(STAMP) redis  ## the whole suite, the torchair-on-CPU harness and the real-Redis tests included
-	TCB_REQUIRE_TORCHAIR=$${TCB_REQUIRE_TORCHAIR:-0} $(PY) -m pytest -q --timeout=900 tests
+	TCB_REQUIRE_TORCHAIR=$${TCB_REQUIRE_TORCHAIR:-0} $(PY) -m pytest -q --timeout=900 -n $(TEST_WORKERS) --dist loadfile tests
 
 test-fast: $(STAMP)  ## without the real-torchair tests
 	$(PY) -m pytest -q --timeout=900 tests --ignore=tests/torchair

@@ -17,10 +17,10 @@ setup(
         # transformers: the real-model coverage suite (tiny random configs, never downloads);
         # 4.57+ has the decorator-wrapped forwards and cache classes it exercises, 5.x works with torch 2.13
         "test": ["pytest>=7", "pytest-timeout", "numpy", "protobuf", "pyyaml", "packaging", "ruff",
-                 "transformers>=4.57,<6", "redis>=4.2"],
+                 "transformers>=4.57,<6", "redis>=4.2", "pytest-xdist>=3"],
         "bench": ["matplotlib", "psutil"],
-        "progress": ["tqdm"],
-        "redis": ["redis>=4.2"],  # the remote tier (option remote= / $TORCHAIR_CACHE_REMOTE); imported only when set  # a progress bar for `torchair-cache prebuild` on a terminal (log lines without it)
+        "progress": ["tqdm"],  # a progress bar for `torchair-cache prebuild` on a terminal (log lines without it)
+        "redis": ["redis>=4.2"],  # the remote tier (option remote= / $TORCHAIR_CACHE_REMOTE); imported only when set
     },
     entry_points={
         "torch_dynamo_backends": ["npu_cached = torchair_cached_backend.registry:npu_cached"],
