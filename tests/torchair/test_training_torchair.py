@@ -87,11 +87,21 @@ def test_torchair_training_graph_with_dropout_never_crashes(tmp_path):
     assert "torchair" in next(iter(cold["reasons"])), cold
 
 
-def test_torchair_training_with_ge_cache_is_served_by_torchair_uncached(tmp_path):
-    """``ge_cache`` applies to inference graphs: a training graph is compiled by torchair's own
-    training route, uncached, with the reason."""
+def test_torchair_training_with_ge_cache_keeps_both_ge_caches_in_the_entry(tmp_path):
+    """``ge_cache`` (GE max-autotune) for a training graph: the forward's and the backward's GE
+    graphs each cache GE's compiled model inside the one entry (``fw.ge_cache`` / ``bw.ge_cache``),
+    and a fresh process hits the entry, builds no GE graph from FX and points GE at those caches."""
     cache = str(tmp_path / "cache")
     cold = _run(cache, ge_cache=True)
+    assert (cold["misses"], cold["uncached"], cold["reasons"]) == (1, 0, {}), cold
     assert cold["shape"] == [3, 2] and len(cold["grads"]) == cold["params"], cold
-    assert any("ge_cache" in r for r in cold["reasons"]), cold
-    assert not glob.glob(os.path.join(cache, "graphs", "*", "files"))
+    (entry,) = glob.glob(os.path.join(cache, "graphs", "*", "files"))
+    for part in ("fw", "bw"):  # GE (the shim) wrote its cache where it was pointed: into the entry
+        assert os.path.isfile(os.path.join(entry, f"{part}.ge_cache", "tcb_shim_ge_cache.om")), os.listdir(entry)
+    for om in glob.glob(os.path.join(entry, "*.ge_cache", "*.om")):
+        os.remove(om)
+    warm = _run(cache, ge_cache=True)
+    assert (warm["hits"], warm["misses"], warm["torchair_compiles"]) == (1, 0, 0), warm
+    assert warm["grads"] == cold["grads"], warm
+    for part in ("fw", "bw"):  # the warm process pointed GE at the entry's caches again
+        assert os.path.isfile(os.path.join(entry, f"{part}.ge_cache", "tcb_shim_ge_cache.om")), os.listdir(entry)

@@ -142,7 +142,7 @@ def _static_kernel_options(config: Any) -> dict[str, str]:
     }
 
 
-def _point_caches(module: types.ModuleType, files_dir: str | None, ge_cache: bool) -> None:
+def _point_caches(module: types.ModuleType, files_dir: str | None, ge_cache: bool, ge_subdir: str = GE_CACHE_SUBDIR) -> None:
     """Re-point the generated code's GE / static-kernel caches into ``files_dir``
     (our entry), creating the directories first as torchair does: GE caches nothing
     into a directory that does not exist. A directory we cannot create (read-only
@@ -153,7 +153,7 @@ def _point_caches(module: types.ModuleType, files_dir: str | None, ge_cache: boo
         return
     if files_dir is None:
         files_dir = _private_dir()
-    for subdir, update in ((GE_CACHE_SUBDIR, hook), (STATIC_KERNEL_SUBDIR, static_hook)):
+    for subdir, update in ((ge_subdir, hook), (STATIC_KERNEL_SUBDIR, static_hook)):
         if update is None:
             continue
         path = os.path.join(files_dir, subdir)
@@ -307,7 +307,9 @@ def _converter_name(digest: str) -> str:
     return "torchair's converter" if digest == _BUILTIN else f"user converter {digest[:12]}"
 
 
-def _first_call_points_caches(module: types.ModuleType, files_dir: str | None, ge_cache: bool) -> Callable[..., Any]:
+def _first_call_points_caches(
+    module: types.ModuleType, files_dir: str | None, ge_cache: bool, ge_subdir: str = GE_CACHE_SUBDIR
+) -> Callable[..., Any]:
     """The cold process's kernel: GE loads the graph at its first run, after the
     backend published the entry, so the caches are pointed (and created) then - into
     the entry if it was published, else into a private temporary directory."""
@@ -317,7 +319,7 @@ def _first_call_points_caches(module: types.ModuleType, files_dir: str | None, g
     def first_call(*args: Any) -> Any:
         if pending:
             pending.clear()
-            _point_caches(module, _published_files_dir(files_dir), ge_cache)
+            _point_caches(module, _published_files_dir(files_dir), ge_cache, ge_subdir)
         return kernel(*args)
 
     return first_call
@@ -325,6 +327,11 @@ def _first_call_points_caches(module: types.ModuleType, files_dir: str | None, g
 
 #: file-name prefixes of a training artifact's forward and backward code
 FW_PREFIX, BW_PREFIX = "fw.", "bw."
+
+
+def _ge_subdir(phase: str) -> str:
+    """Where one part of a training graph keeps its GE cache, inside the entry's files."""
+    return (FW_PREFIX if phase == "forward" else BW_PREFIX) + GE_CACHE_SUBDIR
 
 
 def _count(graph: Any, op: str) -> int:
@@ -575,8 +582,9 @@ class TorchairCompiler:
         """torchair's training route (``npu_backend``: its decompositions, AOTAutograd with its
         partitioner, one GE graph for the forward and one for the backward), each stored as
         the code torchair generates, with the plan :mod:`.autograd_runtime` runs them with.
-        ``ge_cache`` and aclgraph modes apply to inference graphs only: such training graphs
-        are compiled uncached, with the reason."""
+        With ``ge_cache`` (GE max-autotune) each part's GE cache lives in the entry
+        (``fw.ge_cache`` / ``bw.ge_cache``). aclgraph modes apply to inference graphs only:
+        such training graphs are compiled uncached, with the reason."""
         import torch
         import torchair
         from torch._functorch import config as functorch_config
@@ -590,12 +598,13 @@ class TorchairCompiler:
         blocker = None
         if is_aclgraph_mode(config):
             blocker = f"torchair {config_mode(config)} (aclgraph) training graphs are not cached"
-        elif _uses_ge_cache(options, config):
-            blocker = "ge_cache applies to inference graphs; this training graph is not cached"
         if blocker is not None:  # torchair's own training route serves it, as torchair would
             backend = torchair.get_npu_backend(compiler_config=config,
                                                custom_decompositions=dict(options.custom_decompositions or {}))
             return CompileResult(backend(gm, example_inputs), None, blocker)
+        use_ge_cache = _uses_ge_cache(options, config)
+        extend_config = {GE_CACHE_OPTION: GE_CACHE_PLACEHOLDER} if use_ge_cache else {}
+        cold_files_dir = self._cold_files_dir(gm, example_inputs, options, training=True) if use_ge_cache else None
         decompositions = _prepare(nfc, gm, config, options)
         parts: dict[str, Any] = {}
 
@@ -603,17 +612,25 @@ class TorchairCompiler:
             def codegen(graph: torch.fx.GraphModule, inputs: list[Any]) -> Callable[..., Any]:
                 compiled = torchair.get_compiler(config)(graph, inputs)
                 try:  # e.g. RNG inputs (dropout): torchair generates no code for them
-                    src = compiled.get_code({})
+                    src = compiled.get_code(dict(extend_config))
                 except Exception as exc:  # noqa: BLE001 - then torchair's own runtime serves it, uncached
                     parts["reason"] = f"torchair cannot generate code for the {phase} graph: {type(exc).__name__}: {exc}"
                     return compiled
                 if not isinstance(src, str):
                     parts["reason"] = f"torchair codegen returned {type(src).__name__} for the {phase} graph"
                     return compiled
+                if use_ge_cache and "def _update_ge_cache_dir(" not in src:
+                    parts["reason"] = f"torchair's {phase} code has no GE cache hook for ge_cache"
                 parts[phase] = (graph, src)
                 if phase == "forward":
                     parts["meta"] = getattr(TracingContext.try_get(), "fw_metadata", None)
-                return _exec_source({SOURCE: src.encode()}, SOURCE).kernel
+                module = _exec_source({SOURCE: src.encode()}, SOURCE)
+                kernel = module.kernel
+                if use_ge_cache:  # GE loads at the first run, after the entry is published: its cache
+                    # goes into the entry then (a private dir when the graph is not stored)
+                    kernel = _first_call_points_caches(module, cold_files_dir, True, _ge_subdir(phase))
+                parts[phase + "_kernel"] = kernel
+                return kernel
 
             compiler: Callable[..., Any] = codegen
             if phase == "forward":
@@ -654,11 +671,16 @@ class TorchairCompiler:
             "mode": config_mode(config),
             "training": plan,
             "disable_amp": bool(torch._C._is_any_autocast_enabled()),
-            "ge_cache": False,
+            "ge_cache": use_ge_cache,
             "converters": {**_graph_converters(fw), **_graph_converters(bw)},
         }
         artifact = Artifact(files=files, meta=meta)
-        return CompileResult(self._load_training(artifact), artifact)
+        if not use_ge_cache:
+            return CompileResult(self._load_training(artifact), artifact)
+        from .autograd_runtime import build  # the cold kernels: they point GE into the entry once it is stored
+
+        return CompileResult(build(_boxed(parts["forward_kernel"]), _boxed(parts["backward_kernel"]), plan,
+                                   bool(meta["disable_amp"])), artifact)
 
     def _load_training(self, artifact: Artifact) -> Callable[..., Any]:
         from .autograd_runtime import build
@@ -667,11 +689,18 @@ class TorchairCompiler:
         with real_tensors():  # module-level code must see real tensors, even inside Dynamo's backend call
             fw, bw = (_exec_source({name[len(prefix):]: blob for name, blob in artifact.files.items()
                                     if name.startswith(prefix)}, SOURCE) for prefix in (FW_PREFIX, BW_PREFIX))
+        if artifact.meta.get("ge_cache"):
+            for phase, module in (("forward", fw), ("backward", bw)):
+                if getattr(module, "_update_ge_cache_dir", None) is None:
+                    raise ValueError(f"stored GE {phase} code has no _update_ge_cache_dir hook for its ge_cache dir")
+                if artifact.root is None:
+                    raise ValueError("artifact has no root directory to hold the GE cache")
+                _point_caches(module, artifact.root, True, _ge_subdir(phase))
         return build(_boxed(fw.kernel), _boxed(bw.kernel), artifact.meta["training"],
                      bool(artifact.meta.get("disable_amp")))
 
     @staticmethod
-    def _cold_files_dir(gm: Any, example_inputs: list[Any], options: BackendOptions) -> str:
+    def _cold_files_dir(gm: Any, example_inputs: list[Any], options: BackendOptions, training: bool = False) -> str:
         """Where the entry being compiled will live, so GE's (or the static kernels')
         first run already writes its cache there (the backend publishes the entry
         before the first run)."""
@@ -681,7 +710,8 @@ class TorchairCompiler:
         from ..backend import graph_store
 
         try:
-            key, _ = keys.compute_key(gm, example_inputs, TorchairCompiler(), options, torch.is_grad_enabled())
+            key, _ = keys.compute_key(gm, example_inputs, TorchairCompiler(), options, torch.is_grad_enabled(),
+                                      training=training)
             return os.path.join(graph_store(options).entry_path(key), "files")
         except Exception as exc:  # never fail a compile over where GE puts its cache
             log.debug("npu_cached: cannot compute the entry path for the GE cache: %r", exc)
