@@ -161,6 +161,17 @@ def adopt_resume(cache_dir: str, key: str, program: dict[str, Any], group: dict[
             owners[1].append((builder, origin, receiver if _receiver_passed(receiver, code) else None))
 
 
+
+def _builder_for(identity: dict[str, Any], fingerprint: str, compiler: str, options: Any) -> ProgramBuilder:
+    """The builder of the program ``identity`` names in this process (made on first use)."""
+    key = program_key(identity, fingerprint, compiler, options)
+    builder = _builders.get((options.cache_dir, key))
+    if builder is None:
+        builder = ProgramBuilder(key, identity, options.cache_dir, compiler, fingerprint,
+                                 getattr(options, "max_variants", 16))
+        _builders[(options.cache_dir, key)] = builder
+    return builder
+
 def builders_for(code: types.CodeType) -> list[ProgramBuilder]:
     """Programs this process built for ``code`` (used by cache_compile)."""
     qualname = getattr(code, "co_qualname", code.co_name)
@@ -270,12 +281,7 @@ def _record(code: types.CodeType, out_code: types.CodeType) -> None:
             receiver, bound = None, None  # a staticmethod: its first argument is no receiver
         identity = function_identity(code, scope.get("__name__"), type_path(bound))
         fingerprint = code_codec.code_fingerprint(code)
-    key = program_key(identity, fingerprint, compiler, options)
-    builder = _builders.get((options.cache_dir, key))
-    if builder is None:
-        builder = ProgramBuilder(key, identity, options.cache_dir, compiler, fingerprint,
-                                 getattr(options, "max_variants", 16))
-        _builders[(options.cache_dir, key)] = builder
+    builder = _builder_for(identity, fingerprint, compiler, options)
     fid = _add_frame(builder, code, out_code, output, names, graphs, receiver, resume_of=None, wrapper=wrapper)
     _out_codes[id(out_code)] = (out_code, builder, _receiver_name(receiver))
     if all(v["root"] != fid for v in builder.variants):
@@ -387,12 +393,7 @@ def _note_caller(code: types.CodeType, bound: Any, options: Any, compiler: str) 
     if builder is None:
         identity = function_identity(caller, f.f_globals.get("__name__"), type_path(recv))
         fingerprint = code_codec.code_fingerprint(caller)
-        key = program_key(identity, fingerprint, compiler, options)
-        builder = _builders.get((options.cache_dir, key))
-        if builder is None:
-            builder = ProgramBuilder(key, identity, options.cache_dir, compiler, fingerprint,
-                                     getattr(options, "max_variants", 16))
-            _builders[(options.cache_dir, key)] = builder
+        builder = _builder_for(identity, fingerprint, compiler, options)
         builder.eager_root = True
     elif path == "" and attr == _method_name(type(recv), caller):
         return
