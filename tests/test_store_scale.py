@@ -3,7 +3,12 @@ the cache (counted operations, not timings: those are in benchmarks/store_scale.
 
 from __future__ import annotations
 
+import torch
+
 from torchair_cached_backend import backend, cli, inventory, prune
+from torchair_cached_backend.compilers import get_compiler
+from torchair_cached_backend.compilers.base import Artifact, CompileResult
+from torchair_cached_backend.options import parse_options
 from torchair_cached_backend.store import Store
 
 N = 30
@@ -31,9 +36,13 @@ def test_a_new_graph_reads_no_other_entry(tmp_path, monkeypatch):
     for name in ("keys", "read_manifest", "read_verified", "load"):
         real = getattr(Store, name)
         monkeypatch.setattr(Store, name, lambda self, *a, _r=real, _n=name: reads.append(_n) or _r(self, *a))
-    backend._set_aside_other_versions(store, "same-graph", {"environment": {"torch": "new"}})
-    store.save("new", {"blob": b"y"}, {"identity": "same-graph"})
-    assert reads == [], reads
+    served = backend._compile_and_store(
+        store, "new", {"environment": {"torch": "new"}}, torch.fx.symbolic_trace(lambda x: x + 1), [],
+        get_compiler("eager"), parse_options({"cache_dir": store.root}),
+        lambda *a: CompileResult(lambda x: x, Artifact({"blob": b"y"}, {})),
+    )
+    assert served.cached  # stored beside the other versions' entries of the same graph
+    assert reads == [], reads  # without reading (or quarantining) any of them
     assert len(store.keys()) == N + 1  # the other versions' entries are all still there
 
 

@@ -153,7 +153,6 @@ def _compile_and_store(
     compile_fn: Callable[..., Any] | None = None,
 ) -> CachedGraph:
     identity = _identity(factors)
-    _set_aside_other_versions(store, identity, factors)
     log.info("npu_cached: compiling graph %s (%d nodes) with %s", key[:12], len(gm.graph.nodes), compiler.name)
     t0 = time.perf_counter()
     result = (compile_fn or compiler.compile)(gm, example_inputs, options)
@@ -191,16 +190,6 @@ def _bound_size(store: Store, max_size: int, just_stored: str) -> None:
         bound(store, max_size, just_stored)  # a ledger: a full scan only when over max_size, or now and then
     except Exception as exc:  # bounding the cache must never fail the user's call
         warn_once(f"prune:{store.root}", "npu_cached: could not bound the cache %s to max_size: %s", store.root, exc)
-
-
-def _set_aside_other_versions(store: Store, identity: str, factors: dict[str, Any]) -> None:
-    """Entries of this graph built under other torch/CANN/... versions are left alone.
-
-    Their keys differ (the environment is part of the key), so they are never
-    loaded here; two versions of a model, or nodes on two CANN versions, sharing
-    one cache keep each other's entries. Only ``prune`` / ``max_size`` removes
-    them (least recently used first). Nothing is scanned: a new graph's store
-    cost does not grow with the cache."""
 
 
 #: ``torch.compile(mode=...)`` values (Inductor's): accepted by ``npu_cached`` as a serious backend does

@@ -106,15 +106,7 @@ def open_dir(name: str, *, dir_fd: int | None = None, root: str) -> int:
                 "Remove it, or point cache_dir at a real directory you own."
             ) from None
         raise
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISDIR(st.st_mode):
-            raise CacheSecurityError(f"refusing cache path {name!r} in {root!r}: not a directory")
-        _check_owner(st, name)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
+    return _owned_dir(fd, name, f"refusing cache path {name!r} in {root!r}")
 
 
 def read_at(dir_fd: int, name: str, *, root: str) -> bytes:
@@ -209,16 +201,22 @@ def open_root(path: str, *, create: bool) -> int | None:
                 "Point cache_dir at a real directory you own."
             ) from None
         raise
+    return _owned_dir(fd, path, f"refusing cache dir {path!r}", private=True)
+
+
+def _owned_dir(fd: int, name: str, refusing: str, *, private: bool = False) -> int:
+    """``fd`` when it is a directory we own (and, when ``private``, writable by no one
+    else); otherwise it is closed and the refusal raised, worded ``refusing ...: why``."""
     try:
         st = os.fstat(fd)
         if not stat.S_ISDIR(st.st_mode):
-            raise CacheSecurityError(f"refusing cache dir {path!r}: not a directory")
-        _check_owner(st, path)
-        if st.st_mode & 0o022:
+            raise CacheSecurityError(f"{refusing}: not a directory")
+        _check_owner(st, name)
+        if private and st.st_mode & 0o022:
             raise CacheSecurityError(
-                f"refusing cache dir {path!r}: it is writable by {'group' if st.st_mode & 0o020 else 'others'} "
+                f"{refusing}: it is writable by {'group' if st.st_mode & 0o020 else 'others'} "
                 f"(mode {stat.S_IMODE(st.st_mode):o}), so another user could plant code in it. "
-                f"Fix: chmod 700 {path}"
+                f"Fix: chmod 700 {name}"
             )
     except BaseException:
         os.close(fd)
