@@ -885,17 +885,26 @@ _FP_FIELDS = (
 )
 
 
-def _fp_const(value: object) -> object:
+#: bumped when what the fingerprint covers or how it is written changes (2: a tagged tuple
+#: tree written by ``repr``, ~10x faster than the JSON document of version 1)
+FINGERPRINT_VERSION = 2
+# marshal atoms whose ``repr`` is exact, process-independent and tells the types apart
+# (``1`` / ``1.0`` / ``True`` / ``'1'`` / ``b'1'``; ``-0.0`` and ``nan`` included)
+_FP_ATOMS: frozenset[type] = frozenset({type(None), bool, int, float, complex, str, bytes, type(Ellipsis)})
+
+
+def _fp_item(value: object) -> object:
     t = type(value)
+    if t in _FP_ATOMS:
+        return value
     if t is types.CodeType:
-        return {"kind": "code", **_fp_code(typing.cast(types.CodeType, value))}
+        return _fp_tree(typing.cast(types.CodeType, value))
     if t is tuple:
-        return {"kind": "tuple", "items": [_fp_const(v) for v in typing.cast(tuple, value)]}
+        return ("t", tuple(_fp_item(v) for v in typing.cast(tuple, value)))
     if t is frozenset:
-        items = [_fp_const(v) for v in typing.cast(frozenset, value)]
-        return {"kind": "frozenset", "items": sorted(items, key=lambda d: json.dumps(d, sort_keys=True))}
+        return ("f", tuple(sorted(repr(_fp_item(v)) for v in typing.cast(frozenset, value))))
     try:
-        return encode_value(value)
+        return ("v", json.dumps(encode_value(value), sort_keys=True, separators=(",", ":")))
     except CodecError:
         pass
     # Only hand-built code gets here (compilers emit atoms/tuples/code).  A repr
@@ -904,15 +913,19 @@ def _fp_const(value: object) -> object:
         text = repr(value)
     except Exception:
         text = f"<unrepresentable at {id(value):#x}>"
-    return {"kind": "opaque", "type": f"{t.__module__}.{t.__qualname__}", "repr": text}
+    return ("o", f"{t.__module__}.{t.__qualname__}", text)
 
 
-def _fp_code(code: types.CodeType) -> dict[str, Any]:
-    fields: dict[str, Any] = {f: getattr(code, f) for f in _FP_FIELDS if hasattr(code, f)}
-    fields["co_code"] = code.co_code.hex()
-    fields["co_exceptiontable"] = getattr(code, "co_exceptiontable", b"").hex()
-    fields["co_consts"] = [_fp_const(c) for c in code.co_consts]
-    return fields
+def _fp_tree(code: types.CodeType) -> tuple[object, ...]:
+    """Every tuple of the tree is tagged (``c`` code, ``t`` tuple, ``f`` frozenset, ``v``/``o``
+    other values) and atoms never are tuples, so two different codes never write alike."""
+    return ("c", *(getattr(code, f, None) for f in _FP_FIELDS), code.co_code,
+            getattr(code, "co_exceptiontable", b""), tuple(_fp_item(c) for c in code.co_consts))
+
+
+#: id(code) -> (code, fingerprint): a live code object never changes (strong refs, bounded)
+_fp_memo: dict[int, tuple[types.CodeType, str]] = {}
+_FP_MEMO_MAX = 8192
 
 
 def code_fingerprint(code: types.CodeType) -> str:
@@ -920,8 +933,16 @@ def code_fingerprint(code: types.CodeType) -> str:
 
     Line numbers and the file name are excluded (see ``_FP_FIELDS``); the
     interpreter's version and bytecode magic are included because bytecode is
-    only comparable within one version.
+    only comparable within one version. Memoized per code object (capture, the
+    sources check and the guards fingerprint the same functions).
     """
-    doc = {"tag": _python_tag(), "code": _fp_code(code)}
-    blob = json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
-    return hashlib.sha256(blob.encode("ascii")).hexdigest()
+    hit = _fp_memo.get(id(code))
+    if hit is not None and hit[0] is code:
+        return hit[1]
+    tag = (FINGERPRINT_VERSION, *sys.version_info[:2], importlib.util.MAGIC_NUMBER)
+    text = repr((tag, _fp_tree(code)))
+    fp = hashlib.sha256(text.encode("utf-8", "backslashreplace")).hexdigest()
+    if len(_fp_memo) >= _FP_MEMO_MAX:
+        _fp_memo.clear()
+    _fp_memo[id(code)] = (code, fp)
+    return fp

@@ -28,9 +28,10 @@ import torch
 from .. import code_codec
 
 #: bumped when the generated check module's contract changes (3: the blob holds the
-#: checks, the full check and the explanations as separate parts)
-CHECKS_FORMAT = 3
-_BLOB_MAGIC = b"npu_cached guards 3\0"
+#: checks, the full check and the explanations as separate parts; 4: a check repeated per
+#: item of a module list is one check in a loop over the items)
+CHECKS_FORMAT = 4
+_BLOB_MAGIC = b"npu_cached guards 4\0"
 _SIZES = struct.Struct("<3Q")
 
 

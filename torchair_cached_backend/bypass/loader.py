@@ -206,7 +206,7 @@ def _why_missing(
     """Explain a program miss: an entry for an *edited* version of the function is
     stale (removed here, so it is never replayed), else nothing was cached."""
     fingerprint = code_codec.code_fingerprint(code)
-    edited = []
+    edited, older = [], []
     for other in store.keys():
         if other == key:
             continue
@@ -218,7 +218,11 @@ def _why_missing(
         function = program.get("function") or {}
         same = (function.get("module"), function.get("qualname"), function.get("receiver_type")) == (
             identity["module"], identity["qualname"], identity.get("receiver_type"))
-        if same and program.get("compiler") == compiler and program.get("fingerprint") not in (None, fingerprint):
+        if not same or program.get("compiler") != compiler:
+            continue
+        if program.get("format") != PROGRAM_FORMAT:  # another version's (its own key): never read, left
+            older.append(other)
+        elif program.get("fingerprint") not in (None, fingerprint):
             edited.append(other)
     for other in edited:
         try:
@@ -227,6 +231,8 @@ def _why_missing(
             pass
     if edited:
         return f"cached program for {name} is stale ({name} was edited since it was cached); rebuilding"
+    if older:
+        return f"cached program for {name} has another format (written by another version); rebuilding"
     return f"no cached program for {name} (compiler {compiler}) in {cache_dir}"
 
 
