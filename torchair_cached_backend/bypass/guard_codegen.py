@@ -118,12 +118,13 @@ def load_check_body(guards: list[tuple[int, str]]) -> tuple[list[str], int]:
             continue
         loops.setdefault((owner, keys), []).append((members[0][0], template))
     plain.sort()
-    body = [f"    if not {expr}: return {index}" for index, expr in plain]
+    # parenthesized: a template is unparsed without the guard's own parentheses (``not a and b``)
+    body = [f"    if not ({expr}): return {index}" for index, expr in plain]
     count = len(plain)
     for (owner, keys), checks in loops.items():
         body.append(f"    for {_KEY} in {keys!r}:")
         body.append(f"        {_ITEM} = {owner}._modules[{_KEY}]")
-        body += [f"        if not {template}: return {index}" for index, template in checks]
+        body += [f"        if not ({template}): return {index}" for index, template in checks]
         count += len(checks)
     return body, count
 
