@@ -113,3 +113,193 @@ def test_no_profile_line_without_the_variable(run, tmp_path):
     )
     assert not out["profiling"]
     assert "tcb profile:" not in out["_stderr"]
+
+
+# ---- checks per distinct layer shape, not per layer; nothing needless imported; old formats rebuilt ----
+
+STACK = """
+import sys
+import torch, torch.nn as nn
+
+class Layer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+        self.scale = 2.0
+
+    def forward(self, x):
+        return torch.relu(self.lin(x)) * self.scale
+
+class Stack(nn.Module):
+    def __init__(self, n):
+        super().__init__()
+        torch.manual_seed(0)
+        self.layers = nn.ModuleList(Layer() for _ in range(n))
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+def expected(m, x):
+    with torch.no_grad():
+        for layer in m.layers:
+            x = torch.relu(layer.lin(x)) * layer.scale
+    return x
+"""
+
+#: never imported by a warm load + first call with the eager inner compiler
+NOT_ON_THE_WARM_PATH = ("torch._dynamo", "torch._inductor", "torchair_cached_backend.bypass.capture",
+                        "torchair_cached_backend.bypass.guard_capture", "torchair_cached_backend.bypass.guard_codegen",
+                        "torchair_cached_backend.bypass.split_graph")
+
+
+@pytest.fixture(scope="module")
+def stacks(tmp_path_factory):
+    root = tmp_path_factory.mktemp("stacks")
+    dirs = {n: str(root / f"l{n}") for n in (4, 8)}
+    run_python(STACK + textwrap.dedent(f"""
+        import torchair_cached_backend as tcb
+        x = torch.randn(2, 8)
+        for n, d in {dirs!r}.items():
+            m = Stack(n).eval()
+            f = torch.compile(m, backend="npu_cached", options={{"cache_dir": d, "compiler": "eager"}})
+            with torch.no_grad():
+                assert torch.allclose(f(x), expected(m, x))
+        emit({{}})
+        """))
+    warm = run_python(STACK + textwrap.dedent(f"""
+        import torchair_cached_backend as tcb
+        from child_helpers import frames
+        x = torch.randn(2, 8)
+        out = {{}}
+        for n, d in {dirs!r}.items():
+            m = Stack(n).eval()
+            before = set(sys.modules)
+            with torch.no_grad():
+                f = tcb.load(m, d, compiler="eager", fallback=False)
+                ok = bool(torch.allclose(f(x), expected(m, x)))
+            checks = f._variants[0].checks
+            out[n] = {{"ok": ok, "imported": sorted(set(sys.modules) - before),
+                       "checks": checks.namespace["___load_checks"],
+                       "guards": sum(1 for g in checks.meta if g["scope"] == "load")}}
+        hooked = Stack(8).eval()
+        hooked.layers[5].register_forward_hook(lambda mod, args, result: result + 1)  # inside the loop: checked
+        try:
+            tcb.load(hooked, {dirs[8]!r}, compiler="eager", fallback=False)
+            out["hooked"] = "replayed"
+        except tcb.CacheMiss as miss:
+            out["hooked"] = str(miss)
+        scaled = Stack(8).eval()
+        scaled.layers[5].scale = 3.0  # a float Dynamo may pass as an input: a miss or a right answer
+        try:
+            with torch.no_grad():
+                out["scaled_ok"] = bool(torch.allclose(tcb.load(scaled, {dirs[8]!r}, compiler="eager",
+                                                                fallback=False)(x), expected(scaled, x)))
+        except tcb.CacheMiss as miss:
+            out["scaled_ok"] = "specialized on changed" in str(miss)
+        out["frames"] = frames()
+        emit(out)
+        """))
+    return dirs, warm
+
+
+def test_load_checks_grow_with_distinct_layer_shapes_not_layers(stacks):
+    # the same check on layers[i] for every i is one check in a loop over the layers
+    _, warm = stacks
+    four, eight = warm["4"], warm["8"]
+    assert four["ok"] and eight["ok"] and warm["frames"] == 0, warm
+    assert eight["guards"] > 1.5 * four["guards"], (four, eight)  # every guard is still recorded
+    assert eight["checks"] < 1.2 * four["checks"], (four, eight)
+    assert four["checks"] < four["guards"], four
+
+
+def test_a_change_in_one_layer_is_still_detected(stacks):
+    _, warm = stacks
+    assert "specialized on changed" in warm["hooked"], warm["hooked"]
+    assert "layers" in warm["hooked"] and "5" in warm["hooked"] and "hooks" in warm["hooked"], warm["hooked"]
+    assert warm["scaled_ok"] is True, warm
+
+
+def test_nothing_needless_imported_by_a_warm_start(stacks):
+    _, warm = stacks
+    for n in ("4", "8"):
+        assert not set(NOT_ON_THE_WARM_PATH) & set(warm[n]["imported"]), warm[n]["imported"]
+
+
+def test_older_program_format_is_rebuilt_never_read(stacks):
+    # an entry written by an older version (program format) is a miss that recompiles and
+    # replaces it; the next process replays the rebuilt program
+    import glob
+    import json
+
+    from torchair_cached_backend.bypass.program import PROGRAM_FORMAT
+
+    dirs, _ = stacks
+    (path,) = glob.glob(f"{dirs[4]}/programs/*/manifest.json")
+    with open(path) as f:
+        manifest = json.load(f)
+    manifest["program"]["format"] = PROGRAM_FORMAT - 1
+    with open(path, "w") as f:
+        json.dump(manifest, f)
+    code = STACK + textwrap.dedent(f"""
+        import torchair_cached_backend as tcb
+        from child_helpers import frames
+        m, x = Stack(4).eval(), torch.randn(2, 8)
+        with torch.no_grad():
+            f = tcb.load(m, {dirs[4]!r}, compiler="eager")
+            ok = bool(torch.allclose(f(x), expected(m, x)))
+        emit({{"ok": ok, "frames": frames(), "stats": tcb.stats().as_dict()}})
+        """)
+    rebuilt = run_python(code)
+    assert rebuilt["ok"] and rebuilt["frames"] >= 1, rebuilt
+    assert rebuilt["stats"]["fallback_reasons"] == {"older cache format": 1}, rebuilt["stats"]
+    with open(path) as f:
+        assert json.load(f)["program"]["format"] == PROGRAM_FORMAT
+    again = run_python(code)
+    assert again["ok"] and again["frames"] == 0 and again["stats"]["bypass_loads"] >= 1, again
+
+
+def test_older_guards_blob_is_refused():
+    from torchair_cached_backend import code_codec
+    from torchair_cached_backend.bypass import guard_runtime
+
+    blob = guard_runtime.pack_checks(b"checks", b"full", [])
+    assert guard_runtime.unpack_checks(blob)[0] == b"checks"
+    older = blob.replace(b"npu_cached guards 4\0", b"npu_cached guards 3\0", 1)
+    with pytest.raises(code_codec.CodecError, match="not in this version's format"):
+        guard_runtime.unpack_checks(older)
+
+
+def test_looped_load_checks_evaluate_every_guard():
+    # each guard of a per-layer template still decides: changing any one layer's value fails
+    # the generated check (a compound guard keeps its parentheses inside the loop)
+    import types
+
+    from torchair_cached_backend.bypass.guard_codegen import load_check_body
+
+    def layer(scale):
+        return types.SimpleNamespace(scale=scale, _modules={})
+
+    def scope(scales):
+        return {"self": types.SimpleNamespace(_modules={"layers": types.SimpleNamespace(
+            _modules={str(i): layer(s) for i, s in enumerate(scales)})})}
+
+    guards = []
+    for i in range(4):
+        item = f"L['self']._modules['layers']._modules['{i}']"
+        guards.append(f"(type({item}.scale) is float and {item}.scale == 2.0)")
+        guards.append(f"({item}._modules == {{}})")
+    guards.append("(len(L['self']._modules['layers']._modules) == 4)")
+    body, count = load_check_body(list(enumerate(guards)))
+    assert count == 3 and any("for " in line for line in body), body
+    namespace: dict = {}
+    exec("def check(L):\n" + "\n".join(body + ["    return -1"]), namespace)  # noqa: S102 - generated above
+    check = namespace["check"]
+    assert check(scope([2.0] * 4)) == -1
+    for i in range(4):
+        changed = [2.0] * 4
+        changed[i] = 3.0
+        assert check(scope(changed)) != -1, i
+        changed[i] = 2  # an int: the type half of the guard
+        assert check(scope(changed)) != -1, i

@@ -11,6 +11,7 @@ guard must hold.
 
 from __future__ import annotations
 
+import ast
 import re
 import types
 from typing import Any, Protocol
@@ -82,11 +83,96 @@ def source_module(builder: GuardTable, call_params: str, defs: list[str]) -> tup
     lines.append(f"def ___call_check({call_params}):\n    return {' and '.join(builder_param(builder, x) for x in call) or 'True'}")
     full = (f"# npu_cached full guard check, format {CHECKS_FORMAT}\n"
             f"def ___full_check({call_params}):\n    return {' and '.join(builder_param(builder, x) for x in everything) or 'True'}\n")
-    # load-time guards, evaluated once in order; the index of the first that fails (messages are
-    # made only then, from the expression text kept in the JSON meta)
-    body = [f"    if not {g['expr']}: return {i}" for i, g in enumerate(builder.guards) if g["scope"] == "load"]
+    body, count = load_check_body([(i, g["expr"]) for i, g in enumerate(builder.guards) if g["scope"] == "load"])
     lines.append("def ___load_check(L):\n" + "\n".join(body + ["    return -1"]))
+    lines.append(f"___load_checks = {count}")
     return "\n".join(lines) + "\n", full
+
+
+_ITEM = "___tcb_m"  # the loop variable of a check repeated per item of a module list
+_KEY = "___tcb_k"
+
+
+def load_check_body(guards: list[tuple[int, str]]) -> tuple[list[str], int]:
+    """The body of ``___load_check`` (evaluated once at load; returns the index of a guard
+    that fails, -1 when all hold; the messages are made only then, from the JSON meta) and
+    how many checks it holds. A guard repeated for every item of a module list (the same
+    check on ``layers[i]`` for each ``i``) is written once, in a loop over those items, so
+    the checks grow with the distinct shapes of the layers, not with the layer count. Every
+    guard is still evaluated, on the same values: the loop binds ``layers._modules['i']``
+    to a name, and the template reads it where the guard read the path."""
+    templates: dict[tuple[str, str], list[tuple[int, str]]] = {}
+    plain: list[tuple[int, str]] = []
+    for index, expr in guards:
+        shape = _per_item_template(expr)
+        if shape is None:
+            plain.append((index, expr))
+        else:
+            owner, key, template = shape
+            templates.setdefault((owner, template), []).append((index, key))
+    loops: dict[tuple[str, tuple[str, ...]], list[tuple[int, str]]] = {}
+    for (owner, template), members in templates.items():
+        keys = tuple(sorted((key for _, key in members), key=int))
+        if len(members) < 2 or len(set(keys)) != len(keys):
+            plain.extend((index, _instantiate(template, owner, key)) for index, key in members)
+            continue
+        loops.setdefault((owner, keys), []).append((members[0][0], template))
+    plain.sort()
+    # parenthesized: a template is unparsed without the guard's own parentheses (``not a and b``)
+    body = [f"    if not ({expr}): return {index}" for index, expr in plain]
+    count = len(plain)
+    for (owner, keys), checks in loops.items():
+        body.append(f"    for {_KEY} in {keys!r}:")
+        body.append(f"        {_ITEM} = {owner}._modules[{_KEY}]")
+        body += [f"        if not ({template}): return {index}" for index, template in checks]
+        count += len(checks)
+    return body, count
+
+
+def _instantiate(template: str, owner: str, key: str) -> str:
+    """A template back as one guard (the item's path where the loop variable stood)."""
+    tree = ast.parse(template, mode="eval")
+    item = ast.parse(f"{owner}._modules[{key!r}]", mode="eval").body
+
+    class Put(ast.NodeTransformer):
+        def visit_Name(self, node: ast.Name) -> ast.AST:
+            return item if node.id == _ITEM else node
+
+    return ast.unparse(Put().visit(tree))
+
+
+def _per_item_template(expr: str) -> tuple[str, str, str] | None:
+    """``(owner, key, template)`` when ``expr`` reads an item ``owner._modules['<digits>']``
+    of a module list (the outermost such item): the template is ``expr`` with every
+    occurrence of that item replaced by the loop variable. None otherwise."""
+    if _ITEM in expr or _KEY in expr:
+        return None
+    try:
+        tree = ast.parse(expr, mode="eval")
+    except SyntaxError:
+        return None
+    best: tuple[int, ast.Subscript] | None = None
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Subscript) and isinstance(node.value, ast.Attribute)
+                and node.value.attr == "_modules" and isinstance(node.slice, ast.Constant)
+                and isinstance(node.slice.value, str) and node.slice.value.isdigit()):
+            size = len(ast.dump(node))
+            if best is None or size < best[0]:
+                best = (size, node)
+    if best is None:
+        return None
+    item = best[1]
+    target = ast.dump(item)
+    key = item.slice.value  # type: ignore[attr-defined]
+    owner = ast.unparse(item.value.value)  # type: ignore[attr-defined]
+
+    class Take(ast.NodeTransformer):
+        def visit(self, node: ast.AST) -> ast.AST:
+            if isinstance(node, ast.Subscript) and ast.dump(node) == target:
+                return ast.copy_location(ast.Name(id=_ITEM, ctx=ast.Load()), node)
+            return super().visit(node)
+
+    return owner, key, ast.unparse(Take().visit(tree))
 
 
 def builder_param(builder: GuardTable, expr: str) -> str:

@@ -37,7 +37,6 @@ from .guard_runtime import CHECKS_FORMAT, GuardChecks, build_checks, receiver_lo
 from .program import PROGRAM_FORMAT, program_key, program_store, target_identity
 from .replay import ReplayedFunction, ResumeDispatch, ResumeFactory, ResumeRouter, Variant, always
 from .sources import stale_sources, tensor_state, tensor_state_difference
-from .split_graph import SplitGraph
 
 
 class CacheMiss(LookupError):
@@ -206,7 +205,7 @@ def _why_missing(
     """Explain a program miss: an entry for an *edited* version of the function is
     stale (removed here, so it is never replayed), else nothing was cached."""
     fingerprint = code_codec.code_fingerprint(code)
-    edited = []
+    edited, older = [], []
     for other in store.keys():
         if other == key:
             continue
@@ -218,7 +217,11 @@ def _why_missing(
         function = program.get("function") or {}
         same = (function.get("module"), function.get("qualname"), function.get("receiver_type")) == (
             identity["module"], identity["qualname"], identity.get("receiver_type"))
-        if same and program.get("compiler") == compiler and program.get("fingerprint") not in (None, fingerprint):
+        if not same or program.get("compiler") != compiler:
+            continue
+        if program.get("format") != PROGRAM_FORMAT:  # another version's (its own key): never read, left
+            older.append(other)
+        elif program.get("fingerprint") not in (None, fingerprint):
             edited.append(other)
     for other in edited:
         try:
@@ -227,6 +230,8 @@ def _why_missing(
             pass
     if edited:
         return f"cached program for {name} is stale ({name} was edited since it was cached); rebuilding"
+    if older:
+        return f"cached program for {name} has another format (written by another version); rebuilding"
     return f"no cached program for {name} (compiler {compiler}) in {cache_dir}"
 
 
@@ -298,7 +303,7 @@ class _ReplayBuilder:
         return renames
 
     def _code(self, blob: str) -> types.CodeType:
-        code = code_codec.loads_code(self.files[blob])
+        code = code_codec.loads_code(self.files[blob], verified=True)  # the store checked its sha256
         return _renamed(code, self.renames) if self.renames else code
 
     # -- variants -------------------------------------------------------
@@ -505,8 +510,10 @@ class _ReplayBuilder:
         return router
 
     # -- graphs ---------------------------------------------------------
-    def _split(self, desc: dict[str, Any]) -> SplitGraph:
+    def _split(self, desc: dict[str, Any]) -> Any:
         """Dynamo's DDP optimizer's split graph, rebuilt over its cached pieces."""
+        from .split_graph import SplitGraph
+
         parts = {part: (self._graph(d["key"], d["compiler"]), bool(d["unwrap"])) for part, d in desc["parts"].items()}
         try:
             return SplitGraph(desc["steps"], parts)
@@ -517,13 +524,16 @@ class _ReplayBuilder:
         from ..backend import load_graph
 
         compiler = get_compiler(compiler_name)
-        self._verify_context(key, compiler)
-        graph = load_graph(self.graph_store, key, compiler, self.options)
+        entry = self.graph_store.load(key)  # read and verified once: the context check and the load share it
+        if entry is None:
+            raise _Rejected(f"graph {key[:12]} of the cached program is missing or broken")
+        self._verify_context(key, compiler, entry.manifest)
+        graph = load_graph(_LoadedEntry(self.graph_store, entry), key, compiler, self.options)
         if graph is None:
             raise _Rejected(f"graph {key[:12]} of the cached program is missing or broken")
         return graph.fn
 
-    def _verify_context(self, key: str, compiler: Any) -> None:
+    def _verify_context(self, key: str, compiler: Any, manifest: dict[str, Any] | None = None) -> None:
         """The graph's key factors that do not depend on the graph (compiler settings,
         thread count, deterministic mode, versions...) must equal this process's:
         a factor in the key protects this route too."""
@@ -535,7 +545,8 @@ class _ReplayBuilder:
         if compiler.name not in self.context:
             self.context[compiler.name] = context_factors(compiler, self.options)
         expected = self.context[compiler.name]
-        manifest = self.graph_store.read_manifest(key) if self.graph_store.exists(key) else None
+        if manifest is None:
+            manifest = self.graph_store.read_manifest(key) if self.graph_store.exists(key) else None
         if manifest is None:
             return  # load_graph reports the miss
         stored = manifest.get("factors") or {}
@@ -543,6 +554,21 @@ class _ReplayBuilder:
         diffs += keys.stale_call_targets(stored.get("call_targets"))  # functions/ops the graph calls by name
         if diffs:
             raise _Rejected(f"graph {key[:12]} was compiled under other settings ({'; '.join(diffs[:3])})")
+
+
+class _LoadedEntry:
+    """The graph store as ``load_graph`` sees it, serving the entry this load already read
+    and verified (its other operations, e.g. quarantine, go to the store)."""
+
+    def __init__(self, store: Any, entry: Any) -> None:
+        self._store = store
+        self._entry = entry
+
+    def load(self, key: str) -> Any:
+        return self._entry if key == self._entry.key else self._store.load(key)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
 
 
 def load(

@@ -34,8 +34,9 @@ from ..environment import environment_factors
 from ..store import Store
 
 PROGRAMS = "programs"
-#: bumped when the program layout changes; older programs are never replayed
-PROGRAM_FORMAT = 2
+#: bumped when the program layout changes; older programs are never replayed (3: guards
+#: format 4, code fingerprints version 2)
+PROGRAM_FORMAT = 3
 #: the default bound (option ``max_variants``): beyond it the oldest variants not used by this process go
 MAX_VARIANTS = 16
 #: (cache dir, program key) -> root frame ids of variants this process replayed (never evicted by its merges)
