@@ -129,7 +129,7 @@ class ReplayingCallback(convert_frame.CatchErrorsWrapper):
             return None
         code = frame.f_code
         local = frame.f_locals
-        target = _resolve(code, local, frame.f_globals)
+        target = _resolve(code, local, frame.f_globals, getattr(frame, "closure", None))
         if target is None:
             return None
         func, receiver = target
@@ -202,24 +202,47 @@ def _dispatch_mode_active() -> bool:
     return _get_current_dispatch_mode() is not None
 
 
-def _resolve(code: types.CodeType, local: dict[str, Any], scope: dict[str, Any]) -> tuple[Any, Any] | None:
-    """(function, receiver) the frame runs: a method found on its first argument's
-    class (or on the class itself, for a classmethod), else a module-level function."""
-    if code.co_argcount:
-        first = local.get(code.co_varnames[0])
-        if first is not None:
+def _resolve(code: types.CodeType, local: dict[str, Any], scope: dict[str, Any],
+             closure: Any) -> tuple[Any, Any] | None:
+    """(function, receiver) the frame runs: a method found on its first argument's class
+    (or on the class itself, for a classmethod), matched by code and closure cells (a
+    decorated ``forward`` runs a wrapper's code shared by every method it decorates),
+    else a module-level function."""
+    first = _first_argument(code, local)
+    if first is not None:
+        if True:
             klass = first if isinstance(first, type) else type(first)
             for base in klass.__mro__:
-                attr = base.__dict__.get(code.co_name)
-                fn = attr.__func__ if isinstance(attr, classmethod) else attr
-                if isinstance(fn, types.FunctionType) and fn.__code__ is code:
-                    if isinstance(attr, classmethod) != isinstance(first, type):
-                        return None
-                    return fn, first
+                attrs = vars(base)
+                named = attrs.get(code.co_name)
+                for attr in ((named,) if named is not None else ()) + tuple(attrs.values()):
+                    fn = attr.__func__ if isinstance(attr, classmethod) else attr
+                    if isinstance(fn, types.FunctionType) and fn.__code__ is code and _same_cells(fn, closure):
+                        if isinstance(attr, classmethod) != isinstance(first, type):
+                            return None
+                        return fn, first
     fn = scope.get(code.co_name)
-    if isinstance(fn, types.FunctionType) and fn.__code__ is code:
+    if isinstance(fn, types.FunctionType) and fn.__code__ is code and _same_cells(fn, closure):
         return fn, None
     return None
+
+
+def _first_argument(code: types.CodeType, local: dict[str, Any]) -> Any:
+    """The frame's first positional argument (a receiver), also through ``*args``
+    (``wrapped_func(*args, **kwargs)`` of a decorator)."""
+    if code.co_argcount:
+        return local.get(code.co_varnames[0])
+    if code.co_flags & 0x04:
+        rest = local.get(code.co_varnames[code.co_kwonlyargcount])
+        if isinstance(rest, tuple) and rest:
+            return rest[0]
+    return None
+
+
+def _same_cells(fn: types.FunctionType, closure: Any) -> bool:
+    mine = fn.__closure__ or ()
+    theirs = tuple(closure or ())
+    return len(mine) == len(theirs) and all(a is b for a, b in zip(mine, theirs, strict=True))
 
 
 def _holds(check: Callable[..., bool], code: types.CodeType, local: dict[str, Any]) -> bool:
@@ -244,10 +267,9 @@ def _guard(check: Callable[..., bool], code: types.CodeType, receiver: Any, opti
 
         return full
     ref = weakref.ref(receiver)
-    name = code.co_varnames[0]
 
     def guard(L: dict[str, Any]) -> bool:
-        if hooks[0] or hooks[1] or L.get(name) is not ref():
+        if hooks[0] or hooks[1] or _first_argument(code, L) is not ref():
             return False
         return _holds(check, code, L)
 
