@@ -40,6 +40,7 @@ import torch._dynamo
 from torch._dynamo import convert_frame
 from torch._dynamo.guards import GuardManagerWrapper
 from torch._dynamo.types import ConvertFrameReturn, FrameAction, FrameExecStrategy, GuardedCode, wrap_guarded_code
+from torch._dynamo.utils import orig_code_map
 from torch._guards import CompileId
 from torch.nn.modules import module as nn_module
 
@@ -152,7 +153,10 @@ class ReplayingCallback(convert_frame.CatchErrorsWrapper):
                 continue
             guard = _guard(variant.check, code, receiver, options, no_checks)
             manager = GuardManagerWrapper()
-            manager.root.add_lambda_guard(guard, [f"npu_cached checks of {code.co_qualname}"], None)
+            manager.global_scope, manager.closure_vars = {"G": frame.f_globals}, {}  # read by Dynamo's recompile log
+            manager.root.add_lambda_guard(guard, [f"npu_cached: the cached program's checks of {code.co_qualname} (guards={options.guards!r})"], None)
+            orig_code_map[installed] = code  # as Dynamo records its own output code (recompile reasons)
+            convert_frame.output_codes.add(installed)
             self._tcb_compiles += 1
             counts["installed"] += 1
             log.info("npu_cached: backend route replays %s (no tracing)", code.co_qualname)
