@@ -40,6 +40,27 @@ class Broken(Net):
         print("", end="")  # a graph break: the continuation replays too
         return self.b(self.act(y))
 
+class Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.l = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        return torch.relu(self.l(x))
+
+class Loop(torch.nn.Module):
+    """A graph break inside a loop over blocks: Dynamo skips this frame, each block's forward replays."""
+
+    def __init__(self):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList([Block() for _ in range(3)])
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+            print("", end="")
+        return x
+
 def build(cls, seed=0):
     torch.manual_seed(seed)
     return cls().eval()
@@ -64,7 +85,7 @@ X4, X7 = torch.randn(4, 8, generator=torch.Generator().manual_seed(1)), torch.ra
 COLD_PLAIN = PRELUDE + r'''
 root = os.environ["ROOT"]
 with torch.no_grad():
-    for name, cls, kw in (("net", Net, {}), ("broken", Broken, {}), ("dyn", Net, {"dynamic": True})):
+    for name, cls, kw in (("net", Net, {}), ("broken", Broken, {}), ("loop", Loop, {}), ("dyn", Net, {"dynamic": True})):
         model = build(cls)
         fn = compiled(model, os.path.join(root, name), **kw)
         fn(X4)
@@ -82,12 +103,12 @@ def plain_cache(tmp_path_factory):
     return str(root)
 
 
-def test_plain_module_and_graph_break_replay_without_tracing(plain_cache) -> None:
+def test_plain_module_graph_breaks_and_skipped_frame_replay_without_tracing(plain_cache) -> None:
     out = run_python(PRELUDE + r'''
 root = os.environ["ROOT"]
 res = {}
 with torch.no_grad():
-    for name, cls in (("net", Net), ("broken", Broken)):
+    for name, cls in (("net", Net), ("broken", Broken), ("loop", Loop)):
         model = build(cls)
         want = model(X4)
         fn = compiled(model, os.path.join(root, name))
@@ -97,9 +118,9 @@ with torch.no_grad():
 res.update(frames=frames(), installs=installs(), loads=tcb.stats().bypass_loads, stats=tcb.stats().as_dict())
 emit(res)
 ''', env={"ROOT": plain_cache})
-    assert out["net"] and out["broken"], out
+    assert out["net"] and out["broken"] and out["loop"], out
     assert out["frames"] == 0, out  # no Dynamo frame traced
-    assert out["installs"] == 2 and out["loads"] >= 2, out
+    assert out["installs"] == 5 and out["loads"] >= 5, out  # net, broken, and each of loop's 3 blocks
     assert out["stats"]["misses"] == 0 and out["stats"]["fallbacks"] == 0, out
 
 
