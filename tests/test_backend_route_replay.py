@@ -85,7 +85,8 @@ X4, X7 = torch.randn(4, 8, generator=torch.Generator().manual_seed(1)), torch.ra
 COLD_PLAIN = PRELUDE + r'''
 root = os.environ["ROOT"]
 with torch.no_grad():
-    for name, cls, kw in (("net", Net, {}), ("broken", Broken, {}), ("loop", Loop, {}), ("dyn", Net, {"dynamic": True})):
+    for name, cls, kw in (("net", Net, {}), ("broken", Broken, {}), ("loop", Loop, {}), ("dyn", Net, {"dynamic": True}),
+                         ("inductor", Broken, {"options": {"compiler": "inductor"}})):
         model = build(cls)
         fn = compiled(model, os.path.join(root, name), **kw)
         fn(X4)
@@ -122,6 +123,22 @@ emit(res)
     assert out["frames"] == 0, out  # no Dynamo frame traced
     assert out["installs"] == 5 and out["loads"] >= 5, out  # net, broken, and each of loop's 3 blocks
     assert out["stats"]["misses"] == 0 and out["stats"]["fallbacks"] == 0, out
+
+
+def test_inductor_kernels_replay_into_an_empty_inductor_dir(plain_cache, tmp_path) -> None:
+    empty = tmp_path / "inductor"
+    empty.mkdir()
+    out = run_python(PRELUDE + r'''
+model = build(Broken)
+with torch.no_grad():
+    want = model(X4)
+    fn = compiled(model, os.path.join(os.environ["ROOT"], "inductor"), options={"compiler": "inductor"})
+    got = fn(X4)
+emit({"ok": bool(torch.allclose(got, want, atol=1e-4)), "frames": frames(), "installs": installs(),
+      "stats": tcb.stats().as_dict(), "written": sum(len(f) for _, _, f in os.walk(os.environ["TORCHINDUCTOR_CACHE_DIR"]))})
+''', env={"ROOT": plain_cache, "TORCHINDUCTOR_CACHE_DIR": str(empty)})
+    assert out["ok"] and out["frames"] == 0 and out["installs"] == 1, out
+    assert out["stats"]["misses"] == 0 and out["written"] == 0, out
 
 
 def test_dynamic_shapes_reset_and_other_options(plain_cache) -> None:
