@@ -61,6 +61,25 @@ class Loop(torch.nn.Module):
             print("", end="")
         return x
 
+import functools
+
+def deco(fn):
+    @functools.wraps(fn)
+    def wrapper(self, *args, **kwargs):
+        return fn(self, *args, **kwargs)
+    return wrapper
+
+class Decorated(Net):
+    """Two methods behind one decorator: one wrapper code object, each with its own cells."""
+
+    @deco
+    def forward(self, x):
+        return self.b(self.act(self.a(x) * self.scale))
+
+    @deco
+    def other(self, x):
+        return self.a(x) * 10
+
 def build(cls, seed=0):
     torch.manual_seed(seed)
     return cls().eval()
@@ -85,7 +104,7 @@ X4, X7 = torch.randn(4, 8, generator=torch.Generator().manual_seed(1)), torch.ra
 COLD_PLAIN = PRELUDE + r'''
 root = os.environ["ROOT"]
 with torch.no_grad():
-    for name, cls, kw in (("net", Net, {}), ("broken", Broken, {}), ("loop", Loop, {}), ("dyn", Net, {"dynamic": True}),
+    for name, cls, kw in (("net", Net, {}), ("broken", Broken, {}), ("loop", Loop, {}), ("deco", Decorated, {}), ("dyn", Net, {"dynamic": True}),
                          ("inductor", Broken, {"options": {"compiler": "inductor"}})):
         model = build(cls)
         fn = compiled(model, os.path.join(root, name), **kw)
@@ -123,6 +142,29 @@ emit(res)
     assert out["frames"] == 0, out  # no Dynamo frame traced
     assert out["installs"] == 5 and out["loads"] >= 5, out  # net, broken, and each of loop's 3 blocks
     assert out["stats"]["misses"] == 0 and out["stats"]["fallbacks"] == 0, out
+
+
+def test_shared_wrapper_code_is_guarded_by_its_cells(plain_cache) -> None:
+    """The entry installed for the decorated forward is on the wrapper's code object, which the
+    decorated ``other`` shares: its guard must reject a frame of ``other`` (same receiver, same
+    arguments, other cells), else ``other(x)`` would be answered by ``forward``'s replay."""
+    out = run_python(PRELUDE + r'''
+from torch._C._dynamo.eval_frame import _debug_get_cache_entry_list
+model = build(Decorated)
+with torch.no_grad():
+    want = model(X4)
+    got = compiled(model, os.path.join(os.environ["ROOT"], "deco"))(X4)
+code = Decorated.forward.__code__
+assert Decorated.other.__code__ is code
+entries = _debug_get_cache_entry_list(code)
+def frame_locals(method):
+    return {"self": model, "args": (X4,), "kwargs": {}, "fn": method.__wrapped__}
+with torch.no_grad():  # as the call was (grad mode is checked per call)
+    checks = [bool(e.guard_manager.check(frame_locals(m))) for e in entries for m in (Decorated.forward, Decorated.other)]
+emit({"ok": close(got, want), "frames": frames(), "installs": installs(), "checks": checks})
+''', env={"ROOT": plain_cache})
+    assert out["ok"] and out["frames"] == 0 and out["installs"] == 1, out
+    assert out["checks"] == [True, False], out  # forward's frame passes, other's does not
 
 
 def test_inductor_kernels_replay_into_an_empty_inductor_dir(plain_cache, tmp_path) -> None:

@@ -18,9 +18,10 @@ path (trace + graph cache), which is always safe:
 The guard of an entry is, per ``guards=``: ``"load"`` - the frame's load-time
 checks evaluated once at install for this receiver, then per call the receiver's
 identity (a weak reference) and the per-call checks; ``"call"`` - every recorded
-check on every call (any receiver); ``"none"`` - nothing (torchair's behaviour).
-Global module hooks always fail the guard (the cached graphs inlined submodules
-without them). Entries belong to the backend (options) that installed them, so a
+check on every call (any receiver); ``"none"`` - no recorded check (torchair's
+behaviour). Always: the function's free variables by identity (the entry is the code
+object's, and one decorator's wrapper code serves every method it decorates), and
+global module hooks fail the guard (the cached graphs inlined submodules without them). Entries belong to the backend (options) that installed them, so a
 ``torch.compile`` with other options never reuses them, and ``torch._dynamo.reset()``
 drops them with Dynamo's own. The graphs, split graphs, continuations and callees
 the bytecode calls run with Dynamo off (``torch._dynamo.disable``), as Dynamo runs
@@ -54,6 +55,7 @@ _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
 #: global kinds whose values the bytecode calls: run with Dynamo off (Dynamo disables its compiled fns)
 _CALLED_KINDS = ("graph", "split", "resume", "callee")
 _ROUTE_SUFFIX = "__route"
+_MISSING = object()
 _installed = False
 _original_wrapper: Callable[..., Any] | None = None
 #: installs / fallbacks of this process (tests and benchmarks read them)
@@ -151,7 +153,9 @@ class ReplayingCallback(convert_frame.CatchErrorsWrapper):
             installed = _route_code(variant.fn.__code__, variant.fn.__globals__, kinds)
             if not _same_frame_layout(installed, code):
                 continue
-            guard = _guard(variant.check, code, receiver, options, no_checks)
+            guard = _guard(variant.check, code, func, receiver, options, no_checks)
+            if guard is None:
+                continue
             manager = GuardManagerWrapper()
             manager.global_scope, manager.closure_vars = {"G": frame.f_globals}, {}  # read by Dynamo's recompile log
             manager.root.add_lambda_guard(guard, [f"npu_cached: the cached program's checks of {code.co_qualname} (guards={options.guards!r})"], None)
@@ -257,25 +261,27 @@ def _holds(check: Callable[..., bool], code: types.CodeType, local: dict[str, An
         return False
 
 
-def _guard(check: Callable[..., bool], code: types.CodeType, receiver: Any, options: Any,
-           no_checks: bool) -> Callable[[dict[str, Any]], bool]:
-    """The entry's guard over the frame's locals (see the module docstring)."""
+def _guard(check: Callable[..., bool], code: types.CodeType, func: types.FunctionType, receiver: Any,
+           options: Any, no_checks: bool) -> Callable[[dict[str, Any]], bool] | None:
+    """The entry's guard over the frame's locals (see the module docstring). The entry is
+    the code object's, so it also holds the function's free variables by identity: one
+    decorator's wrapper code serves every method it decorates, each with its own cells."""
     hooks = (nn_module._global_forward_pre_hooks, nn_module._global_forward_hooks)
-    if no_checks:
-        return lambda L: not (hooks[0] or hooks[1])
-    if options.guards == "call" or receiver is None:
-        def full(L: dict[str, Any]) -> bool:
-            if hooks[0] or hooks[1]:
-                return False
-            return _holds(check, code, L)
-
-        return full
-    ref = weakref.ref(receiver)
+    try:
+        frees = tuple(zip(code.co_freevars, [c.cell_contents for c in func.__closure__ or ()], strict=True))
+    except ValueError:  # an empty cell (or a closure that does not match): Dynamo's path
+        return None
+    ref = weakref.ref(receiver) if receiver is not None and options.guards != "call" else None
 
     def guard(L: dict[str, Any]) -> bool:
-        if hooks[0] or hooks[1] or _first_argument(code, L) is not ref():
+        if hooks[0] or hooks[1]:
             return False
-        return _holds(check, code, L)
+        for name, value in frees:
+            if L.get(name, _MISSING) is not value:
+                return False
+        if ref is not None and _first_argument(code, L) is not ref():
+            return False
+        return no_checks or _holds(check, code, L)
 
     return guard
 
