@@ -87,6 +87,12 @@ def _route_options(callback: Any) -> Any:
     compiler_fn = getattr(callback, "_torchdynamo_orig_backend", None)
     if compiler_fn is None:
         return None
+    fn, seen = compiler_fn, 0
+    while fn is not None and seen < 8:  # make_backend()'s: the loader's own compiles (they tried the cache)
+        if getattr(fn, "replay_route", True) is False:
+            return None
+        fn = getattr(fn, "compiler_fn", None) or getattr(fn, "__wrapped__", None)
+        seen += 1
     try:
         return _backend_options(compiler_fn)
     except Exception:
@@ -108,6 +114,8 @@ class ReplayingCallback(convert_frame.CatchErrorsWrapper):
         #: (id(code), id(receiver)) -> (receiver ref, variants, kinds, program): built once per receiver
         self._tcb_built: dict[tuple[int, int], tuple[Any, list[Any], dict[str, str], dict[str, Any]]] = {}
         self._tcb_compiles = 0
+        #: codes with no program when first seen here (a cold start): Dynamo traces them, also their recompiles
+        self._tcb_uncached: set[int] = set()
 
     def __call__(self, frame: Any, cache_entry: Any, frame_state: Any) -> ConvertFrameReturn:
         code = frame.f_code
@@ -131,9 +139,12 @@ class ReplayingCallback(convert_frame.CatchErrorsWrapper):
         if torch._dynamo.config.disable or _started(frame) or _dispatch_mode_active():
             return None
         code = frame.f_code
+        if id(code) in self._tcb_uncached:
+            return None
         local = frame.f_locals
         target = _resolve(code, local, frame.f_globals, getattr(frame, "closure", None))
         if target is None:
+            self._tcb_uncached.add(id(code))
             return None
         func, receiver = target
         built = self._tcb_build(func, receiver, code)
@@ -181,6 +192,7 @@ class ReplayingCallback(convert_frame.CatchErrorsWrapper):
             variants, program, kinds = build_frame_variants(func, receiver, self._tcb_options)
         except CacheMiss as miss:
             text = str(miss)
+            self._tcb_uncached.add(id(code))
             if not text.startswith("no cached program"):  # a plain miss is a cold start, not a fallback
                 record_fallback(_reason_kind(text))
                 counts["fallbacks"] += 1
