@@ -30,7 +30,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-ROUTES = ("cache_compile", "load")
+ROUTES = ("cache_compile", "load", "backend")
 
 #: module-level value of THIS module, set from the environment at import (cold 1.0, warm 4.0)
 SAME_SCALE = float(os.environ.get("GUARD_MATRIX_SCALE", "1.0"))
@@ -793,8 +793,8 @@ class TopHookModel(HookedModel):
 
 
 class HookTop(Case):
-    name, changes = "hook_top", "forward hook on the loaded module itself, registered before the warm start (`load` route)"
-    routes = ("load",)  # cache_compile(m.inner) never runs the module's own hooks
+    name, changes = "hook_top", "forward hook on the loaded module itself, registered before the warm start (`load` and `backend` routes)"
+    routes = ("load", "backend")  # cache_compile(m.inner) never runs the module's own hooks
     error_words = ("hook",)
 
     def build(self, phase, workdir):
@@ -1767,6 +1767,8 @@ INDUCTOR_LOAD_ROUTE = (
 def cases_for(route: str, compiler: str) -> list[str]:
     if route == "cache_compile":
         names = list(CASES)
+    elif route == "backend":  # warm torch.compile replaying: the checks differ from load()'s, not the graphs
+        names = list(LOAD_ROUTE) if compiler == "eager" else []
     else:
         names = list(INDUCTOR_LOAD_ROUTE if compiler == "inductor" else LOAD_ROUTE)
     return [n for n in names if route in CASES[n].routes and compiler in CASES[n].compilers]

@@ -137,7 +137,7 @@ class Runner:
             return tcb.cache_compile(
                 target, cache_dir=self.case_dir(case.name), compiler=self.compiler, dynamic=case.dynamic, **options
             )
-        if self.phase == "cold":
+        if self.phase == "cold" or self.route == "backend":
             return torch.compile(
                 subject,
                 backend="npu_cached",

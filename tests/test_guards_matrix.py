@@ -11,7 +11,12 @@ Compilers: ``eager`` and ``inductor``. Routes: ``cache_compile`` (``tcb.cache_co
 cache_dir=..., compiler=..., dynamic=...)`` cold and warm) for every case, and ``load``
 (``torch.compile(m, backend="npu_cached", options={...})`` cold, ``tcb.load(m, cache_dir,
 compiler=...)`` warm) for the subset ``guard_cases.LOAD_ROUTE`` (``INDUCTOR_LOAD_ROUTE`` with
-Inductor, where every warm change is a real compile). All cases of one (compiler, route) share
+Inductor, where every warm change is a real compile), and ``backend`` (the same ``torch.compile`` cold
+and warm: a warm frame whose program is cached is installed into Dynamo's frame cache with our checks
+as its guard, ``bypass/frame_install.py``) for ``LOAD_ROUTE`` with the ``eager`` inner compiler only
+(the checks are what differ from ``load``; the graphs are the same). On the ``backend`` route the
+unchanged process replays with no Dynamo frame traced, but imports Dynamo (``torch.compile`` does).
+All cases of one (compiler, route) share
 one cold, one unchanged and one warm process (tests/guard_child.py); each case has its own
 classes and cache dir. The Inductor cold processes share one ``TORCHINDUCTOR_CACHE_DIR``; every
 warm process gets an empty one. A process that dies inside a case reports that case as a crash
@@ -45,7 +50,7 @@ and a fresh process runs the remaining ones.
 | output_attentions_none | `output_attentions=True` cached, `output_attentions=None` warm (default False) |
 | hook_before | forward hook on a submodule registered before the warm start |
 | hook_after | forward hook on a submodule registered after the first warm call (same process; `guards="call"`, since the default `"load"` checks hooks when the warm start loads) |
-| hook_top | forward hook on the loaded module itself, before the warm start (`load` route only) |
+| hook_top | forward hook on the loaded module itself, before the warm start (`load` and `backend` routes only) |
 | decode_branch | dynamic=True, `if h.size(1) == 1: return h * 0.5` decode path: cached on seq 16, warm seq 1 |
 | shape_gt4 | dynamic=True, branch on `x.shape[1] > 4`: cached at 8, warm at 3 |
 | equal_dims | dynamic=True, two inputs with equal dims at capture (5, 5), warm (5, 2): Inductor must not crash |
@@ -106,8 +111,8 @@ from subprocess_helpers import REPO
 
 CHILD = os.path.join(REPO, "tests", "guard_child.py")
 COMPILERS = ("eager", "inductor")
-ROUTES = ("cache_compile", "load")
-COMBOS = [(c, r) for c in COMPILERS for r in ROUTES]
+ROUTES = ("cache_compile", "load", "backend")
+COMBOS = [(c, r) for c in COMPILERS for r in ROUTES if cases_for(r, c)]
 
 pytestmark = pytest.mark.slow
 
@@ -255,7 +260,10 @@ def test_unchanged_is_replayed(matrix, compiler: str, route: str, name: str) -> 
     assert loads >= same["subjects"], f"{title}: {loads} bypass load(s) for {same['subjects']} function(s)"
 
 
-@pytest.mark.parametrize("compiler,route", COMBOS, ids=[f"{c}-{r}" for c, r in COMBOS])
+LIGHT_COMBOS = [(c, r) for c, r in COMBOS if r != "backend"]  # torch.compile imports Dynamo by itself
+
+
+@pytest.mark.parametrize("compiler,route", LIGHT_COMBOS, ids=[f"{c}-{r}" for c, r in LIGHT_COMBOS])
 def test_unchanged_process_never_imports_dynamo(matrix, compiler: str, route: str) -> None:
     """The unchanged warm process replays every light case without importing Dynamo or Inductor,
     and writes nothing into its (empty) Inductor cache dir."""

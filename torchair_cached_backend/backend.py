@@ -240,6 +240,9 @@ def make_backend(**options: Any) -> Callable[..., Any]:
         return compile_graph(gm, example_inputs, parsed)
 
     npu_cached_bound.options = parsed  # type: ignore[attr-defined]
+    # the compiles of load() / cache_compile / prebuild, which tried (or fill) the cache themselves:
+    # Dynamo traces them, the backend route does not replay them again (bypass/frame_install.py)
+    npu_cached_bound.replay_route = False  # type: ignore[attr-defined]
     return npu_cached_bound
 
 

@@ -64,7 +64,51 @@ def register() -> None:
     )
 
 
+_DYNAMO_REGISTRY = "torch._dynamo.backends.registry"
+
+
 def register_if_dynamo_loaded() -> None:
-    """Called at package import: cheap when Dynamo is not imported yet."""
-    if "torch._dynamo.backends.registry" in sys.modules:
+    """Called at package import: registers now when Dynamo is loaded, else right after
+    Dynamo's backend registry is imported (:class:`_RegisterWhenImported`). Either way
+    ``torch.compile(backend="npu_cached")`` finds the name without Dynamo's
+    ``_lazy_import`` of every built-in backend (AOTAutograd, Inductor's code cache,
+    networkx: ~0.3 s of a warm start)."""
+    if _DYNAMO_REGISTRY in sys.modules:
         register()
+    elif not any(isinstance(f, _RegisterWhenImported) for f in sys.meta_path):
+        sys.meta_path.insert(0, _RegisterWhenImported())
+
+
+class _RegisterWhenImported:
+    """A meta path finder that only watches Dynamo's backend registry module: it lets the
+    normal finder load it, then registers ``npu_cached`` (and removes itself)."""
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        if name != _DYNAMO_REGISTRY:
+            return None
+        if self in sys.meta_path:
+            sys.meta_path.remove(self)
+        from importlib.machinery import PathFinder
+
+        spec = PathFinder.find_spec(name, path)
+        if spec is not None and spec.loader is not None and hasattr(spec.loader, "exec_module"):
+            spec.loader = _RegisteringLoader(spec.loader)
+        return spec
+
+
+class _RegisteringLoader:
+    def __init__(self, loader: Any) -> None:
+        self._loader = loader
+
+    def create_module(self, spec: Any) -> Any:
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module: Any) -> None:
+        self._loader.exec_module(module)
+        try:
+            register()
+        except Exception:  # registering must never fail Dynamo's import; the entry point remains
+            pass
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._loader, name)

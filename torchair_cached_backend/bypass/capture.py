@@ -84,6 +84,9 @@ def ensure_installed() -> None:
         if hasattr(torch._dynamo.config, "record_runtime_overhead"):
             torch._dynamo.config.record_runtime_overhead = False
         register_bytecode_hook(_on_bytecode)
+        from .frame_install import install_route
+
+        install_route()  # warm frames of npu_cached backends replay from the cache
         _installed = True
 
 

@@ -656,3 +656,42 @@ def _reason_kind(message: str) -> str:
         if needle in message:
             return kind
     return "other"
+
+
+def build_frame_variants(
+    func: types.FunctionType, bound_self: Any, options: BackendOptions
+) -> tuple[list[Variant], dict[str, Any], dict[str, str]]:
+    """For the backend route (``frame_install``): the variants :func:`build_replay` serves for
+    ``func`` bound to ``bound_self`` (same key, same checks), without a ``ReplayedFunction``,
+    fallback or callee installation (Dynamo's frame cache serves those); plus the program and
+    the kind of every global its frames read. An empty list with ``program["eager_root"]``: the
+    frame runs as Python. Raises :class:`CacheMiss` saying why."""
+    t0 = time.perf_counter()
+    code = func.__code__
+    compiler_name = options.resolved_compiler()
+    identity = target_identity(func, bound_self)
+    name = getattr(func, "__qualname__", None) or identity["qualname"]
+    key = program_key(identity, code_codec.code_fingerprint(code), compiler_name, options)
+    store = program_store(options.cache_dir)
+    entry = store.load(key)
+    if entry is None:
+        raise CacheMiss(_why_missing(store, identity, key, code, compiler_name, options.cache_dir, name))
+    program = entry.manifest.get("program") or {}
+    if program.get("format") != PROGRAM_FORMAT:
+        raise CacheMiss(f"cached program for {name} has another format (written by another version)")
+    builder = _ReplayBuilder(entry.files, program, options, func, bound_self, key)
+    variants, rejected = [], []
+    for variant in reversed(program.get("variants", [])):
+        if (builder.frames.get(variant.get("root")) or {}).get("wrapper"):
+            rejected.append("it was compiled through a wrapper frame")
+            continue
+        try:
+            variants.append(builder.variant(variant))
+        except _Rejected as exc:
+            rejected.append(str(exc))
+    if not variants and not (program.get("eager_root") and not rejected):
+        raise CacheMiss(f"cached program for {name} does not fit: {' | '.join(dict.fromkeys(rejected)) or 'no variant'}")
+    kinds = {g: d.get("kind", "") for f in builder.frames.values() for g, d in f.get("globals", {}).items()}
+    kinds.update({ours: "callee" for ours in builder.renames.values()})
+    record(bypass_loads=1, load_seconds=time.perf_counter() - t0)
+    return variants, program, kinds

@@ -1,0 +1,325 @@
+"""The backend route replays: a warm ``torch.compile(model, backend="npu_cached")`` whose
+program is cached installs the replayed bytecode and its checks into Dynamo's frame cache
+(``bypass/frame_install.py``) - no Dynamo frame traced, no inner compile - and whatever
+the checks reject goes to Dynamo's normal path, giving the changed program's answer.
+
+Cold and warm run in fresh processes (one cold process per model kind, shared by the
+tests of the module); every warm process reports Dynamo's frame count, the installs and
+the outputs against eager.
+"""
+
+from __future__ import annotations
+
+import pytest
+from subprocess_helpers import run_python
+
+pytestmark = pytest.mark.timeout(600)
+
+PRELUDE = r'''
+import os, sys
+import torch
+import torchair_cached_backend as tcb
+from torch._dynamo.utils import counters
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(8, 8)
+        self.b = torch.nn.Linear(8, 8)
+        self.scale = 2.0
+
+    def act(self, y):
+        return torch.relu(y)
+
+    def forward(self, x):
+        return self.b(self.act(self.a(x) * self.scale))
+
+class Broken(Net):
+    def forward(self, x):
+        y = self.a(x) * self.scale
+        print("", end="")  # a graph break: the continuation replays too
+        return self.b(self.act(y))
+
+class Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.l = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        return torch.relu(self.l(x))
+
+class Loop(torch.nn.Module):
+    """A graph break inside a loop over blocks: Dynamo skips this frame, each block's forward replays."""
+
+    def __init__(self):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList([Block() for _ in range(3)])
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+            print("", end="")
+        return x
+
+import functools
+
+def deco(fn):
+    @functools.wraps(fn)
+    def wrapper(self, *args, **kwargs):
+        return fn(self, *args, **kwargs)
+    return wrapper
+
+class Decorated(Net):
+    """Two methods behind one decorator: one wrapper code object, each with its own cells."""
+
+    @deco
+    def forward(self, x):
+        return self.b(self.act(self.a(x) * self.scale))
+
+    @deco
+    def other(self, x):
+        return self.a(x) * 10
+
+def build(cls, seed=0):
+    torch.manual_seed(seed)
+    return cls().eval()
+
+def compiled(model, cache_dir, **kw):
+    opts = dict({"cache_dir": cache_dir, "compiler": "eager"}, **kw.pop("options", {}))
+    return torch.compile(model, backend="npu_cached", options=opts, **kw)
+
+def frames():
+    return counters["frames"]["total"]
+
+def installs():
+    from torchair_cached_backend.bypass import frame_install
+    return frame_install.counts["installed"]
+
+def close(a, b):
+    return bool(torch.allclose(a, b, atol=1e-5))
+
+X4, X7 = torch.randn(4, 8, generator=torch.Generator().manual_seed(1)), torch.randn(7, 8, generator=torch.Generator().manual_seed(2))
+'''
+
+COLD_PLAIN = PRELUDE + r'''
+root = os.environ["ROOT"]
+with torch.no_grad():
+    for name, cls, kw in (("net", Net, {}), ("broken", Broken, {}), ("loop", Loop, {}), ("deco", Decorated, {}), ("dyn", Net, {"dynamic": True}),
+                         ("inductor", Broken, {"options": {"compiler": "inductor"}})):
+        model = build(cls)
+        fn = compiled(model, os.path.join(root, name), **kw)
+        fn(X4)
+        if name == "dyn":
+            fn(X7)
+emit({"frames": frames()})
+'''
+
+
+@pytest.fixture(scope="module")
+def plain_cache(tmp_path_factory):
+    root = tmp_path_factory.mktemp("route_plain")
+    out = run_python(COLD_PLAIN, env={"ROOT": str(root)})
+    assert out["frames"] > 0  # the cold process traced
+    return str(root)
+
+
+def test_plain_module_graph_breaks_and_skipped_frame_replay_without_tracing(plain_cache) -> None:
+    out = run_python(PRELUDE + r'''
+root = os.environ["ROOT"]
+res = {}
+with torch.no_grad():
+    for name, cls in (("net", Net), ("broken", Broken), ("loop", Loop)):
+        model = build(cls)
+        want = model(X4)
+        fn = compiled(model, os.path.join(root, name))
+        got = fn(X4)
+        again = fn(X4)
+        res[name] = close(got, want) and close(again, want)
+res.update(frames=frames(), installs=installs(), loads=tcb.stats().bypass_loads, stats=tcb.stats().as_dict())
+emit(res)
+''', env={"ROOT": plain_cache})
+    assert out["net"] and out["broken"] and out["loop"], out
+    assert out["frames"] == 0, out  # no Dynamo frame traced
+    assert out["installs"] == 5 and out["loads"] >= 5, out  # net, broken, and each of loop's 3 blocks
+    assert out["stats"]["misses"] == 0 and out["stats"]["fallbacks"] == 0, out
+
+
+def test_shared_wrapper_code_is_guarded_by_its_cells(plain_cache) -> None:
+    """The entry installed for the decorated forward is on the wrapper's code object, which the
+    decorated ``other`` shares: its guard must reject a frame of ``other`` (same receiver, same
+    arguments, other cells), else ``other(x)`` would be answered by ``forward``'s replay."""
+    out = run_python(PRELUDE + r'''
+from torch._C._dynamo.eval_frame import _debug_get_cache_entry_list
+model = build(Decorated)
+with torch.no_grad():
+    want = model(X4)
+    got = compiled(model, os.path.join(os.environ["ROOT"], "deco"))(X4)
+code = Decorated.forward.__code__
+assert Decorated.other.__code__ is code
+entries = _debug_get_cache_entry_list(code)
+def frame_locals(method):
+    return {"self": model, "args": (X4,), "kwargs": {}, "fn": method.__wrapped__}
+with torch.no_grad():  # as the call was (grad mode is checked per call)
+    checks = [bool(e.guard_manager.check(frame_locals(m))) for e in entries for m in (Decorated.forward, Decorated.other)]
+emit({"ok": close(got, want), "frames": frames(), "installs": installs(), "checks": checks})
+''', env={"ROOT": plain_cache})
+    assert out["ok"] and out["frames"] == 0 and out["installs"] == 1, out
+    assert out["checks"] == [True, False], out  # forward's frame passes, other's does not
+
+
+def test_inductor_kernels_replay_into_an_empty_inductor_dir(plain_cache, tmp_path) -> None:
+    empty = tmp_path / "inductor"
+    empty.mkdir()
+    out = run_python(PRELUDE + r'''
+model = build(Broken)
+with torch.no_grad():
+    want = model(X4)
+    fn = compiled(model, os.path.join(os.environ["ROOT"], "inductor"), options={"compiler": "inductor"})
+    got = fn(X4)
+emit({"ok": bool(torch.allclose(got, want, atol=1e-4)), "frames": frames(), "installs": installs(),
+      "stats": tcb.stats().as_dict(), "written": sum(len(f) for _, _, f in os.walk(os.environ["TORCHINDUCTOR_CACHE_DIR"]))})
+''', env={"ROOT": plain_cache, "TORCHINDUCTOR_CACHE_DIR": str(empty)})
+    assert out["ok"] and out["frames"] == 0 and out["installs"] == 1, out
+    assert out["stats"]["misses"] == 0 and out["written"] == 0, out
+
+
+def test_dynamic_shapes_reset_and_other_options(plain_cache) -> None:
+    """Both shapes replay from one dynamic variant; reset() drops the installed entries
+    (they are installed again from the cache, not traced); a torch.compile with another
+    cache dir never reuses them (it traces)."""
+    out = run_python(PRELUDE + r'''
+from torch._C._dynamo.eval_frame import _debug_get_cache_entry_list
+root = os.environ["ROOT"]
+model = build(Net)
+res = {}
+with torch.no_grad():
+    fn = compiled(model, os.path.join(root, "dyn"), dynamic=True)
+    res["shapes"] = close(fn(X4), model(X4)) and close(fn(X7), model(X7))
+    res["frames_dynamic"] = frames()
+    code = type(model).forward.__code__
+    res["entries"] = len(_debug_get_cache_entry_list(code))
+    torch._dynamo.reset()
+    res["entries_after_reset"] = len(_debug_get_cache_entry_list(code))
+    fn = compiled(model, os.path.join(root, "dyn"), dynamic=True)
+    res["after_reset"] = close(fn(X7), model(X7))
+    res["frames_after_reset"] = frames()
+    res["installs"] = installs()
+    other = compiled(model, os.path.join(root, "empty"), dynamic=True)
+    res["other"] = close(other(X4), model(X4))
+    res["frames_other"] = frames()
+    res["entries_other"] = len(_debug_get_cache_entry_list(code))
+emit(res)
+''', env={"ROOT": plain_cache})
+    assert out["shapes"] and out["frames_dynamic"] == 0, out
+    assert out["entries"] >= 1 and out["entries_after_reset"] == 0, out
+    assert out["after_reset"] and out["frames_after_reset"] == 0 and out["installs"] == 2, out
+    assert out["other"] and out["frames_other"] > 0, out  # other options: traced, not our entry
+    assert out["entries_other"] >= 2, out
+
+
+CHANGES = {
+    # (what the warm process changes before compiling, what it changes after the first call)
+    "attribute": ("model.scale = 3.0", ""),
+    "method": ("Net.act = lambda self, y: torch.sigmoid(y)", ""),
+    "grad_mode_after_install": ("", "torch.set_grad_enabled(True)"),
+    "shape_after_install": ("", "X4 = torch.randn(3, 8)"),
+    "attribute_after_install_guards_call": ("", "model.scale = 5.0"),
+}
+
+
+@pytest.mark.parametrize("change", list(CHANGES))
+def test_a_change_retraces_with_the_right_answer(plain_cache, change: str) -> None:
+    before, after = CHANGES[change]
+    guards = "call" if change.endswith("guards_call") else "load"
+    out = run_python(PRELUDE + f'''
+root = os.environ["ROOT"]
+model = build(Net)
+torch.set_grad_enabled(False)
+{before}
+fn = compiled(model, os.path.join(root, "net"), options={{"guards": {guards!r}}})
+first = close(fn(X4), model(X4))
+frames_first = frames()
+{after}
+got = fn(X4)
+emit({{"first": first, "frames_first": frames_first, "ok": close(got, model(X4)), "frames": frames(),
+       "installs": installs()}})
+''', env={"ROOT": plain_cache})
+    assert out["first"] and out["ok"], out
+    if before:  # rejected at install: Dynamo's path from the first call
+        assert out["frames_first"] > 0 and out["installs"] == 0, out
+    else:  # replayed first, then the installed entry's guard fails: Dynamo traces
+        assert out["frames_first"] == 0 and out["installs"] == 1, out
+        assert out["frames"] > 0, out
+
+
+LLAMA = r'''
+import hf_tiny
+
+class WithBreak(torch.nn.Module):
+    """The tiny Llama with a graph break after it (the continuation replays too)."""
+
+    def __init__(self, llama):
+        super().__init__()
+        self.llama = llama
+
+    def forward(self, input_ids, attention_mask):
+        logits = self.llama(input_ids=input_ids, attention_mask=attention_mask).logits
+        print("", end="")
+        return logits * 2
+
+def llama(brk):
+    model, inputs = hf_tiny.build("llama")
+    return (WithBreak(model).eval() if brk else model), inputs
+
+def logits(out):
+    return out if isinstance(out, torch.Tensor) else out.logits
+'''
+
+
+@pytest.fixture(scope="module")
+def llama_cache(tmp_path_factory):
+    root = tmp_path_factory.mktemp("route_llama")
+    out = run_python(PRELUDE + LLAMA + r'''
+root = os.environ["ROOT"]
+with torch.no_grad():
+    for brk in (False, True):
+        model, inputs = llama(brk)
+        compiled(model, os.path.join(root, str(brk)))(**inputs)
+        torch._dynamo.reset()
+    model, _ = llama(False)
+    fn = compiled(model.forward, os.path.join(root, "decode"), dynamic=True)
+    hf_tiny.greedy_decode(fn, model, hf_tiny.prompt(5), "static", 4)
+emit({"frames": frames()})
+''', env={"ROOT": str(root)})
+    assert out["frames"] > 0
+    return str(root)
+
+
+@pytest.mark.parametrize("brk", [False, True], ids=["whole", "graph_break"])
+def test_tiny_llama_replays_without_tracing(llama_cache, brk: bool) -> None:
+    out = run_python(PRELUDE + LLAMA + f'''
+model, inputs = llama({brk})
+with torch.no_grad():
+    want = logits(model(**inputs))
+    fn = compiled(model, os.path.join(os.environ["ROOT"], "{brk}"))
+    got = logits(fn(**inputs))
+emit({{"ok": close(got, want), "frames": frames(), "installs": installs(), "stats": tcb.stats().as_dict()}})
+''', env={"ROOT": llama_cache})
+    assert out["ok"], out
+    assert out["frames"] == 0 and out["installs"] >= 1, out
+    assert out["stats"]["misses"] == 0 and out["stats"]["fallbacks"] == 0, out
+
+
+def test_tiny_llama_greedy_decode_replays(llama_cache) -> None:
+    out = run_python(PRELUDE + LLAMA + r'''
+model, _ = llama(False)
+ids = hf_tiny.prompt(5)
+with torch.no_grad():
+    want, _ = hf_tiny.greedy_decode(model.forward, model, ids, "static", 4)
+    fn = compiled(model.forward, os.path.join(os.environ["ROOT"], "decode"), dynamic=True)
+    got, _ = hf_tiny.greedy_decode(fn, model, ids, "static", 4)
+emit({"ok": got == want, "frames": frames(), "installs": installs(), "stats": tcb.stats().as_dict()})
+''', env={"ROOT": llama_cache})
+    assert out["ok"], out
+    assert out["frames"] == 0 and out["installs"] >= 1, out
+    assert out["stats"]["misses"] == 0, out

@@ -1,0 +1,358 @@
+"""The backend route replays: cached programs installed into Dynamo's frame cache.
+
+``torch.compile(model, backend="npu_cached")`` hands every frame Dynamo has no
+cache entry for to a callback (``CatchErrorsWrapper``). For our backend that
+callback is :class:`ReplayingCallback`: when the frame's function (and receiver)
+has a cached program - the key ``tcb.load()`` uses - it returns the program's
+transformed bytecode with our checks as the frame's guard, as PyTorch's own
+precompile installs entries: Dynamo stores it in the code object's cache and runs
+it, with no tracing and no inner compile. Anything else goes to Dynamo's normal
+path (trace + graph cache), which is always safe:
+
+* no program, a stale one, or no variant whose checks hold for this call: Dynamo
+  traces (a counted fallback; the capture adds the new variant to the program);
+* an installed entry whose guard fails later (another shape, a changed attribute,
+  grad mode, another instance): Dynamo calls back, another variant is installed
+  or Dynamo traces.
+
+The guard of an entry is, per ``guards=``: ``"load"`` - the frame's load-time
+checks evaluated once at install for this receiver, then per call the receiver's
+identity (a weak reference) and the per-call checks; ``"call"`` - every recorded
+check on every call (any receiver); ``"none"`` - no recorded check (torchair's
+behaviour). Always: the function's free variables by identity (the entry is the code
+object's, and one decorator's wrapper code serves every method it decorates), and
+global module hooks fail the guard (the cached graphs inlined submodules without them). Entries belong to the backend (options) that installed them, so a
+``torch.compile`` with other options never reuses them, and ``torch._dynamo.reset()``
+drops them with Dynamo's own. The graphs, split graphs, continuations and callees
+the bytecode calls run with Dynamo off (``torch._dynamo.disable``), as Dynamo runs
+its compiled functions.
+"""
+
+from __future__ import annotations
+
+import os
+import types
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch._dynamo
+from torch._dynamo import convert_frame
+from torch._dynamo.guards import GuardManagerWrapper
+from torch._dynamo.types import ConvertFrameReturn, FrameAction, FrameExecStrategy, GuardedCode, wrap_guarded_code
+from torch._dynamo.utils import orig_code_map
+from torch._guards import CompileId
+from torch.nn.modules import module as nn_module
+
+from ..logs import log
+from ..stats import record_fallback
+from .guard_codegen import call_args
+from .replay import ResumeFactory, ResumeRouter
+
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
+#: global kinds whose values the bytecode calls: run with Dynamo off (Dynamo disables its compiled fns)
+_CALLED_KINDS = ("graph", "split", "resume", "callee")
+_ROUTE_SUFFIX = "__route"
+_MISSING = object()
+_installed = False
+_original_wrapper: Callable[..., Any] | None = None
+#: installs / fallbacks of this process (tests and benchmarks read them)
+counts = {"installed": 0, "eager_root": 0, "fallbacks": 0}
+
+
+def install_route() -> None:
+    """Make Dynamo's frame callback for ``npu_cached`` backends a :class:`ReplayingCallback`
+    (idempotent; other backends keep Dynamo's own)."""
+    global _installed, _original_wrapper
+    if _installed:
+        return
+    _original_wrapper = convert_frame.catch_errors_wrapper
+
+    def catch_errors_wrapper(callback: Any, hooks: Any) -> Any:
+        options = _route_options(callback)
+        if options is None:
+            return _original_wrapper(callback, hooks)  # type: ignore[misc]
+        return ReplayingCallback(callback, hooks, options)
+
+    convert_frame.catch_errors_wrapper = catch_errors_wrapper
+    _installed = True
+
+
+def _route_options(callback: Any) -> Any:
+    """The options of the ``npu_cached`` backend behind a ConvertFrame, else None."""
+    from .capture import _backend_options
+
+    compiler_fn = getattr(callback, "_torchdynamo_orig_backend", None)
+    if compiler_fn is None:
+        return None
+    fn, seen = compiler_fn, 0
+    while fn is not None and seen < 8:  # make_backend()'s: the loader's own compiles (they tried the cache)
+        if getattr(fn, "replay_route", True) is False:
+            return None
+        fn = getattr(fn, "compiler_fn", None) or getattr(fn, "__wrapped__", None)
+        seen += 1
+    try:
+        return _backend_options(compiler_fn)
+    except Exception:
+        return None
+
+
+def _skip(recursive: bool) -> ConvertFrameReturn:
+    second = FrameAction.SKIP if recursive else FrameAction.DEFAULT
+    return ConvertFrameReturn(frame_exec_strategy=FrameExecStrategy(FrameAction.SKIP, second), apply_to_code=True)
+
+
+class ReplayingCallback(convert_frame.CatchErrorsWrapper):
+    """Dynamo's callback for one ``npu_cached`` backend: replay a cached program when
+    one fits the frame, else Dynamo's own path."""
+
+    def __init__(self, callback: Any, hooks: Any, options: Any) -> None:
+        super().__init__(callback, hooks)
+        self._tcb_options = options
+        #: (id(code), id(receiver)) -> (receiver ref, variants, kinds, program): built once per receiver
+        self._tcb_built: dict[tuple[int, int], tuple[Any, list[Any], dict[str, str], dict[str, Any]]] = {}
+        self._tcb_compiles = 0
+        #: codes with no program when first seen here (a cold start): Dynamo traces them, also their recompiles
+        self._tcb_uncached: set[int] = set()
+
+    def __call__(self, frame: Any, cache_entry: Any, frame_state: Any) -> ConvertFrameReturn:
+        code = frame.f_code
+        filename = code.co_filename
+        if filename.startswith(_PACKAGE_DIR):  # our own machinery (a replay's dispatch) is never traced
+            return _skip(recursive=True)
+        if not filename.startswith(_TORCH_DIR) and frame_state is not None:
+            try:
+                result = self._tcb_replay(frame)
+            except Exception as exc:  # never fail the user's call: Dynamo's path is always safe
+                log.warning("npu_cached: backend route could not replay %s (%s: %s); tracing it with Dynamo",
+                            code.co_qualname, type(exc).__name__, exc)
+                _fallback("backend route: replay failed (traced)")
+                result = None
+            if result is not None:
+                convert_frame.input_codes.add(code)  # so torch._dynamo.reset() clears what we install
+                return result
+        return super().__call__(frame, cache_entry, frame_state)
+
+    def _tcb_replay(self, frame: Any) -> ConvertFrameReturn | None:
+        if torch._dynamo.config.disable or _started(frame) or _dispatch_mode_active():
+            return None
+        code = frame.f_code
+        if id(code) in self._tcb_uncached:
+            return None
+        local = frame.f_locals
+        target = _resolve(code, local, frame.f_globals, getattr(frame, "closure", None))
+        if target is None:
+            self._tcb_uncached.add(id(code))
+            return None
+        func, receiver = target
+        built = self._tcb_build(func, receiver, code)
+        if built is None:
+            return None
+        variants, kinds, program = built
+        if not variants:  # Dynamo skipped this frame at cold start: it runs as Python, its callees replay
+            counts["eager_root"] += 1
+            return _skip(recursive=False)
+        options = self._tcb_options
+        no_checks = options.guards == "none" or not options.check_inputs
+        for variant in variants:
+            if not no_checks and not _holds(variant.check, code, local):
+                continue
+            if variant.used is not None:
+                variant.note_used()
+            installed = _route_code(variant.fn.__code__, variant.fn.__globals__, kinds)
+            if not _same_frame_layout(installed, code):
+                continue
+            guard = _guard(variant.check, code, func, receiver, options, no_checks)
+            if guard is None:
+                continue
+            manager = GuardManagerWrapper()
+            manager.global_scope, manager.closure_vars = {"G": frame.f_globals}, {}  # read by Dynamo's recompile log
+            manager.root.add_lambda_guard(guard, [f"npu_cached: the cached program's checks of {code.co_qualname} (guards={options.guards!r})"], None)
+            orig_code_map[installed] = code  # as Dynamo records its own output code (recompile reasons)
+            convert_frame.output_codes.add(installed)
+            self._tcb_compiles += 1
+            counts["installed"] += 1
+            log.info("npu_cached: backend route replays %s (no tracing)", code.co_qualname)
+            compile_id = CompileId(frame_id=-1, frame_compile_id=self._tcb_compiles)
+            return wrap_guarded_code(GuardedCode(installed, manager, compile_id, "npu_cached replay"))
+        _fallback("backend route: no cached variant fits the call (traced)")
+        return None
+
+    def _tcb_build(self, func: types.FunctionType, receiver: Any,
+                   code: types.CodeType) -> tuple[list[Any], dict[str, str], dict[str, Any]] | None:
+        from .loader import CacheMiss, _reason_kind, build_frame_variants
+
+        memo_key = (id(code), id(receiver))
+        hit = self._tcb_built.get(memo_key)
+        if hit is not None and (hit[0] is None or hit[0]() is receiver):
+            return hit[1], hit[2], hit[3]
+        try:
+            variants, program, kinds = build_frame_variants(func, receiver, self._tcb_options)
+        except CacheMiss as miss:
+            text = str(miss)
+            self._tcb_uncached.add(id(code))
+            if not text.startswith("no cached program"):  # a plain miss is a cold start, not a fallback
+                record_fallback(_reason_kind(text))
+                counts["fallbacks"] += 1
+                log.info("npu_cached: backend route: %s; tracing it with Dynamo", text)
+            return None
+        try:
+            ref = None if receiver is None else weakref.ref(receiver)
+        except TypeError:
+            return None  # a receiver without weak references: Dynamo's path
+        self._tcb_built[memo_key] = (ref, variants, kinds, program)
+        return variants, kinds, program
+
+
+def _fallback(kind: str) -> None:
+    counts["fallbacks"] += 1
+    record_fallback(kind)
+
+
+def _started(frame: Any) -> bool:
+    first = getattr(convert_frame, "first_real_inst_idx", None)
+    return first is not None and frame.f_lasti >= first(frame.f_code)
+
+
+def _dispatch_mode_active() -> bool:
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+    return _get_current_dispatch_mode() is not None
+
+
+def _resolve(code: types.CodeType, local: dict[str, Any], scope: dict[str, Any],
+             closure: Any) -> tuple[Any, Any] | None:
+    """(function, receiver) the frame runs: a method found on its first argument's class
+    (or on the class itself, for a classmethod), matched by code and closure cells (a
+    decorated ``forward`` runs a wrapper's code shared by every method it decorates),
+    else a module-level function."""
+    first = _first_argument(code, local)
+    if first is not None:
+        if True:
+            klass = first if isinstance(first, type) else type(first)
+            for base in klass.__mro__:
+                attrs = vars(base)
+                named = attrs.get(code.co_name)
+                for attr in ((named,) if named is not None else ()) + tuple(attrs.values()):
+                    fn = attr.__func__ if isinstance(attr, classmethod) else attr
+                    if isinstance(fn, types.FunctionType) and fn.__code__ is code and _same_cells(fn, closure):
+                        if isinstance(attr, classmethod) != isinstance(first, type):
+                            return None
+                        return fn, first
+    fn = scope.get(code.co_name)
+    if isinstance(fn, types.FunctionType) and fn.__code__ is code and _same_cells(fn, closure):
+        return fn, None
+    return None
+
+
+def _first_argument(code: types.CodeType, local: dict[str, Any]) -> Any:
+    """The frame's first positional argument (a receiver), also through ``*args``
+    (``wrapped_func(*args, **kwargs)`` of a decorator)."""
+    if code.co_argcount:
+        return local.get(code.co_varnames[0])
+    if code.co_flags & 0x04:
+        rest = local.get(code.co_varnames[code.co_kwonlyargcount])
+        if isinstance(rest, tuple) and rest:
+            return rest[0]
+    return None
+
+
+def _same_cells(fn: types.FunctionType, closure: Any) -> bool:
+    mine = fn.__closure__ or ()
+    theirs = tuple(closure or ())
+    return len(mine) == len(theirs) and all(a is b for a, b in zip(mine, theirs, strict=True))
+
+
+def _holds(check: Callable[..., bool], code: types.CodeType, local: dict[str, Any]) -> bool:
+    try:
+        pos, kwargs = call_args(code, local)
+        return bool(check(*pos, **kwargs))
+    except Exception:
+        return False
+
+
+def _guard(check: Callable[..., bool], code: types.CodeType, func: types.FunctionType, receiver: Any,
+           options: Any, no_checks: bool) -> Callable[[dict[str, Any]], bool] | None:
+    """The entry's guard over the frame's locals (see the module docstring). The entry is
+    the code object's, so it also holds the function's free variables by identity: one
+    decorator's wrapper code serves every method it decorates, each with its own cells."""
+    hooks = (nn_module._global_forward_pre_hooks, nn_module._global_forward_hooks)
+    try:
+        frees = tuple(zip(code.co_freevars, [c.cell_contents for c in func.__closure__ or ()], strict=True))
+    except ValueError:  # an empty cell (or a closure that does not match): Dynamo's path
+        return None
+    ref = weakref.ref(receiver) if receiver is not None and options.guards != "call" else None
+
+    def guard(L: dict[str, Any]) -> bool:
+        if hooks[0] or hooks[1]:
+            return False
+        for name, value in frees:
+            if L.get(name, _MISSING) is not value:
+                return False
+        if ref is not None and _first_argument(code, L) is not ref():
+            return False
+        return no_checks or _holds(check, code, L)
+
+    return guard
+
+
+def _same_frame_layout(installed: types.CodeType, code: types.CodeType) -> bool:
+    """Dynamo runs the installed code in the frame's own locals: same parameters and cells."""
+    n = code.co_argcount + code.co_kwonlyargcount + bool(code.co_flags & 0x04) + bool(code.co_flags & 0x08)
+    return (installed.co_varnames[:n] == code.co_varnames[:n] and installed.co_argcount == code.co_argcount
+            and installed.co_kwonlyargcount == code.co_kwonlyargcount and installed.co_freevars == code.co_freevars
+            and (installed.co_flags & 0x0C) == (code.co_flags & 0x0C))
+
+
+def _route_code(code: types.CodeType, scope: dict[str, Any], kinds: dict[str, str]) -> types.CodeType:
+    """The replayed bytecode with the globals it calls (graphs, splits, continuations,
+    callees) renamed to Dynamo-disabled versions of themselves, installed beside them."""
+    rename: dict[str, str] = {}
+    for name in _all_names(code):
+        if kinds.get(name) not in _CALLED_KINDS or name not in scope:
+            continue
+        ours = name + _ROUTE_SUFFIX
+        value = scope[name]
+        current = scope.get(ours)
+        if getattr(current, "_tcb_wraps", None) is not value:
+            current = _disabled(value)
+            scope[ours] = current
+        rename[name] = ours
+    return _renamed(code, rename) if rename else code
+
+
+def _disabled(value: Any) -> Any:
+    if isinstance(value, ResumeFactory) or (isinstance(value, ResumeRouter) and value.factory):
+        wrapped: Any = _DisabledFactory(value)
+    else:
+        wrapped = torch._dynamo.disable(value, reason="npu_cached replayed graph")
+    try:
+        wrapped._tcb_wraps = value
+    except AttributeError:
+        pass
+    return wrapped
+
+
+class _DisabledFactory:
+    """A continuation factory (called with the cells): the function it returns runs with Dynamo off."""
+
+    def __init__(self, factory: Any) -> None:
+        self.factory = factory
+
+    def __call__(self, cells: tuple[Any, ...]) -> Any:
+        return torch._dynamo.disable(self.factory(cells), reason="npu_cached replayed continuation")
+
+
+def _all_names(code: types.CodeType) -> set[str]:
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _all_names(const)
+    return names
+
+
+def _renamed(code: types.CodeType, rename: dict[str, str]) -> types.CodeType:
+    consts = tuple(_renamed(c, rename) if isinstance(c, types.CodeType) else c for c in code.co_consts)
+    return code.replace(co_names=tuple(rename.get(n, n) for n in code.co_names), co_consts=consts)
