@@ -266,9 +266,12 @@ def _spawn(action: str, compiler: str | None, cfg: dict, inductor_dir: str, time
             res.update(wall_s=wall, profile=profile)
             return res
     err = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
-    # the exception line, not the last frame: "crashes" must say with what
-    exc = next((ln for ln in reversed(err) if not ln.startswith(" ") and ":" in ln), None)
-    return {"error": (exc or (err[-1] if err else f"exit code {proc.returncode}, no output"))[:600], "wall_s": wall}
+    # the exception line, not the last frame: "crashes" must say with what, and where
+    at = next((i for i in range(len(err) - 1, -1, -1) if not err[i].startswith(" ") and ":" in err[i]), None)
+    if at is None:
+        return {"error": (err[-1] if err else f"exit code {proc.returncode}, no output")[:600], "wall_s": wall}
+    where = next((ln.strip() for ln in reversed(err[:at]) if ln.lstrip().startswith("File \"/")), "")
+    return {"error": err[at][:400], "error_at": where[:300], "wall_s": wall}
 
 
 class Run:
@@ -396,7 +399,8 @@ def aggregate(rows: list[dict], sizes: list[str], dtypes: list[str], modes: list
                     "size": size, "dtype": dtype, "mode": mode,
                     "params": ok[0]["params"] if ok else None,
                     "runs": len(runs), "crashes": len(runs) - len(ok),
-                    "errors": sorted({r["error"] for r in runs if "error" in r}),
+                    "errors": sorted({r["error"] + (f" (at {r['error_at']})" if r.get("error_at") else "")
+                                      for r in runs if "error" in r}),
                     "first_call_s": _stats([r["first_call_s"] for r in ok]),
                     "first_decode_s": _stats([r["first_decode_s"] for r in ok]),
                     "first_generation_s": _stats([r["first_generation_s"] for r in ok]),
