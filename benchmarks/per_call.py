@@ -3,7 +3,7 @@
 Guards and wrappers cost microseconds, so inputs are small (MLP batch 1, GPT
 batch 1 x seq 8; by default the widths shrink too, ``--size tiny``, else the
 compute would hide the overhead) and all variants run in one process, interleaved round by
-round (rotating the order), each round timing a batch of calls; the median over
+round (in a shuffled order), each round timing a batch of calls; the median over
 rounds is robust to a noisy neighbour. The npu_cached cache is filled by a
 separate child process, as it would be in deployment.
 
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import sys
 import time
 from collections.abc import Callable
@@ -221,8 +222,12 @@ def measure(V: dict, rounds: int, batch_ms: float, warmup: int) -> dict:
     cpu: dict[str, list[float]] = {k: [] for k in V}
     names = list(V)
     wall, thread = time.perf_counter, time.thread_time
-    for r in range(rounds):
-        for name in names[r % len(names) :] + names[: r % len(names)]:
+    order = random.Random(0)
+    for _ in range(rounds):
+        # a fresh order every round: a rotation would keep each variant behind the same neighbour
+        # (one that evicts caches, e.g. guards="call", would slow the same variant every round)
+        order.shuffle(names)
+        for name in names:
             f, n = V[name], calls[name]
             c, t = thread(), wall()
             for _ in range(n):

@@ -515,6 +515,27 @@ def render_markdown(doc: dict) -> str:
                 f"| {r['size']} | {r['dtype']} | {r['mode']} | {_fmt((r['params'] or 0) / 1e6, 0)}M | "
                 f"{_cell(r['load_s'], 1, 4)} | {_cell(r['first_call_s'])} | {prof} |"
             )
+    byp = [r for r in doc["summary"] if r["mode"].startswith("bypass") and r["load_s"] and r["params"]]
+    pairs = []
+    for r in byp:
+        for big in byp:
+            if (big["mode"], big["dtype"]) == (r["mode"], r["dtype"]) and big["params"] > r["params"]:
+                pairs.append((r, big))
+    if pairs:
+        lines += ["", "| mode | dtype | sizes | parameters × | `tcb.load` × (medians) | eager first call × |",
+                  "|---|---|---|---|---|---|"]
+        for small, big in pairs:
+            def eager_first(r: dict) -> float | None:
+                e = next((x for x in doc["summary"] if (x["size"], x["dtype"], x["mode"]) ==
+                          (r["size"], r["dtype"], "eager")), None)
+                return e["first_call_s"]["median"] if e and e["first_call_s"] else None
+
+            ef = (eager_first(big) / eager_first(small)) if eager_first(big) and eager_first(small) else None
+            lines.append(
+                f"| {small['mode']} | {small['dtype']} | {big['size']} / {small['size']} | "
+                f"{big['params'] / small['params']:.1f} | {big['load_s']['median'] / small['load_s']['median']:.2f} | "
+                f"{_fmt(ef, 2)} |"
+            )
     errs = [(r["size"], r["dtype"], r["mode"], e) for r in doc["summary"] for e in r["errors"]]
     if errs:
         lines += ["", "## Crashes and errors", ""] + [f"- {s} {d} / {mo}: `{e}`" for s, d, mo, e in errs]
@@ -601,6 +622,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=3600, help="seconds per child")
     p.add_argument("--load-note", default=None, help="how loaded the machine was (printed in the results)")
     p.add_argument("--render", metavar="JSON", help="only re-render .md/.png from an existing JSON")
+    p.add_argument("--no-run", action="store_true",
+                   help="run no child: write the outputs from the rows already in --workdir (e.g. while a run goes on)")
     a = p.parse_args(argv)
     if a.render:
         with open(a.render) as f:
@@ -628,7 +651,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     work = os.path.abspath(a.workdir)
     print(f"work dir {work}", flush=True)
-    for dtype in dtypes:  # fp32 at both sizes first: the scaling claim needs the pair
+    for dtype in [] if a.no_run else dtypes:  # fp32 at both sizes first: the scaling claim needs the pair
         for size in sizes:
             run = Run(work, size, dtype, a, lambda s: print(s, flush=True))
             run.prepare(modes)
