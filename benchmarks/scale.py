@@ -555,6 +555,7 @@ def render_png(doc: dict, path: str) -> str | None:
     modes = list(dict.fromkeys(r["mode"] for r in summary))
     fig, ax = plt.subplots(figsize=(max(8, 1.2 * len(modes)), 5))
     width = 0.8 / max(1, len(configs))
+    crashed: set[float] = set()
     for i, (size, dtype) in enumerate(configs):
         vals, lo, hi = [], [], []
         for mode in modes:
@@ -566,7 +567,12 @@ def render_png(doc: dict, path: str) -> str | None:
             hi.append(st["max"] - v if st else 0)
         xs = [j + (i - (len(configs) - 1) / 2) * width for j in range(len(modes))]
         ax.bar(xs, vals, width, yerr=[lo, hi], capsize=2, label=f"{size} {dtype}")
+        crashed.update({x for x, mode in zip(xs, modes, strict=True) if any(
+            (r["size"], r["dtype"], r["mode"]) == (size, dtype, mode) and r["runs"] and r["crashes"] == r["runs"]
+            for r in summary)})
     ax.set_yscale("log")
+    for x in crashed:
+        ax.text(x, ax.get_ylim()[0] * 1.15, "crashes", rotation=90, ha="center", va="bottom", fontsize=7, color="red")
     ax.set_xticks(range(len(modes)))
     ax.set_xticklabels(modes, rotation=30, ha="right", fontsize=8)
     ax.set_ylabel("first call (prefill), s — median, min–max; log")
