@@ -10,7 +10,7 @@ BENCH_REPEAT ?= 5
 # test files run on this many workers (pytest-xdist), one file per worker: module-scoped cold caches stay shared
 TEST_WORKERS ?= 2
 
-.PHONY: venv demo test test-fast lint redis bench bench-smoke bench-torchair bench-fleet bench-models bench-training bench-remote clean
+.PHONY: venv demo test test-fast lint redis bench bench-smoke bench-torchair bench-fleet bench-models bench-training bench-remote bench-scale clean
 
 $(STAMP): setup.py pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -65,6 +65,9 @@ bench-models: $(STAMP)  ## transformers families (replayed? first call vs eager)
 
 bench-training: $(STAMP)  ## first training step (eager, torch.compile cold/warm, ours cold/warm/load) + steady step
 	$(PY) benchmarks/training.py --repeat $${TRAINING_REPEAT:-1}
+
+bench-scale: $(STAMP)  ## random-init Llama at ~150M / ~850M params (fp32, bf16): first call, TTFT, decode, RSS, disk
+	$(PY) benchmarks/scale.py --repeats $(BENCH_REPEAT) $${SCALE_ARGS:-}
 
 clean:
 	rm -rf build .torchair_cache benchmarks/results/*.json

@@ -14,7 +14,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-MODELS = ("mlp", "gpt", "gpt16")
+MODELS = ("mlp", "gpt", "gpt16", "pointwise")
 
 
 class MLP(nn.Module):
@@ -32,6 +32,14 @@ class MLP(nn.Module):
         x = F.gelu(self.fc2(x))
         x = F.relu(self.fc3(x))
         return self.fc4(x)
+
+
+class Pointwise(nn.Module):
+    """A chain of elementwise ops: eager runs one kernel per op, Inductor fuses them into one."""
+
+    def forward(self, x):
+        y = torch.sigmoid(x) * torch.tanh(x * 0.5 + 1.0)
+        return torch.relu(y - x.sin() * 0.1) + x.cos() * 0.05
 
 
 class Block(nn.Module):
@@ -98,4 +106,6 @@ def build(name: str, size: str = "bench") -> tuple[nn.Module, torch.Tensor]:
         model = GPT(vocab=100, d=32, n_head=2, n_layer=layers, max_t=8) if tiny else GPT(n_layer=layers)
         shape = (2, 64) if size == "bench" else (1, 8)
         return model.eval(), torch.randint(0, model.tok.num_embeddings, shape)
+    if name == "pointwise":
+        return Pointwise().eval(), torch.randn((64, 256) if tiny else (256, 1024))
     raise ValueError(f"unknown model {name!r}; choose from {', '.join(MODELS)}")

@@ -3,19 +3,33 @@
 Guards and wrappers cost microseconds, so inputs are small (MLP batch 1, GPT
 batch 1 x seq 8; by default the widths shrink too, ``--size tiny``, else the
 compute would hide the overhead) and all variants run in one process, interleaved round by
-round (rotating the order), each round timing a batch of calls; the median over
+round (in a shuffled order), each round timing a batch of calls; the median over
 rounds is robust to a noisy neighbour. The npu_cached cache is filled by a
 separate child process, as it would be in deployment.
 
-usage: python benchmarks/per_call.py [--models mlp,gpt] [--size tiny|small] [--rounds 41] [--out PATH]
+Issue 18 item 4 adds the floor: ``inductor_bare`` is the compiled graph plain
+``torch.compile`` runs (the ``__compiled_fn_*`` Dynamo installed: AOTAutograd's runtime
+wrapper around Inductor's compiled module) called directly with the exact arguments
+Dynamo passed it, recorded once: no Dynamo frame, no guards, no bytecode. ``ours_graph``
+is the same for the replay (the loaded graph, called with the arguments the replayed
+bytecode passed it). The target is the replayed function with its per-call checks
+(``ours_check_on``) at <= 1.05x ``inductor_bare``; ``pointwise`` (a fusion-friendly chain
+of elementwise ops Inductor fuses into one kernel) and ``llama`` (a transformers Llama,
+4 layers, d=128, input 2 x 24) prove it; ``llama150m`` (8 layers, d=1024, input 1 x 16)
+is opt-in.
+
+usage: python benchmarks/per_call.py [--models mlp,gpt,pointwise,llama] [--size tiny|small] [--rounds 41] [--out PATH]
 """
 
 from __future__ import annotations
 
 import json
 import os
+import random
 import sys
 import time
+from collections.abc import Callable
+from typing import Any
 
 import harness
 
@@ -23,16 +37,110 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ENV = {"OMP_NUM_THREADS": "1", "TORCHINDUCTOR_VEC_ISA_OK": "1"}
 
 
+#: transformers Llamas of benchmarks/scale.py: name -> (scale.py size, input shape)
+LLAMAS = {"llama": ("tiny", (2, 24)), "llama150m": ("150m", (1, 16))}
+
+
+def build(model_name: str, size: str) -> tuple[Any, tuple, dict]:
+    """(model, args, kwargs) of one benchmark model; the same weights in every process."""
+    import torch
+
+    sys.path.insert(0, HERE)
+    if model_name in LLAMAS:
+        from scale import build_llama
+
+        scale_size, shape = LLAMAS[model_name]
+        model, config = build_llama(scale_size, "fp32")
+        ids = torch.randint(3, config.vocab_size, shape, generator=torch.Generator().manual_seed(3))
+        return model, (), {"input_ids": ids, "use_cache": False}
+    from models import build as build_model
+
+    model, x = build_model(model_name, size)
+    return model, (x,), {}
+
+
 def _prepare(model_name: str, size: str, cache_dir: str, compiler: str) -> None:
     """Child: cold-compile with npu_cached so the parent can warm-start from it."""
     import torch
 
-    sys.path.insert(0, HERE)
-    from models import build
-
     with torch.no_grad():
-        m, x = build(model_name, size)
-        torch.compile(m, backend="npu_cached", options={"cache_dir": cache_dir, "compiler": compiler})(x)
+        m, args, kwargs = build(model_name, size)
+        torch.compile(m, backend="npu_cached", options={"cache_dir": cache_dir, "compiler": compiler})(*args, **kwargs)
+
+
+def _record_graph_calls(scopes: list[dict], prefix: str, call: Callable[[], Any]) -> list[tuple[Any, tuple]]:
+    """The compiled graphs ``call()`` runs, in order, with the exact arguments it passed them.
+
+    Compiled code reaches its graphs through module-level names (``__compiled_fn_*`` that
+    Dynamo installs, ``___tcb_graph_*`` in a replayed program's scope): each is swapped
+    for a recorder for one call, then put back."""
+    calls: list[tuple[Any, tuple]] = []
+    swapped: list[tuple[dict, str, Any]] = []
+    for scope in scopes:
+        for name, fn in list(scope.items()):
+            if name.startswith(prefix) and callable(fn):
+                def recorder(*args, _fn=fn):
+                    calls.append((_fn, args))
+                    return _fn(*args)
+
+                swapped.append((scope, name, fn))
+                scope[name] = recorder
+    try:
+        call()
+    finally:
+        for scope, name, fn in swapped:
+            scope[name] = fn
+    return calls
+
+
+def _run_all(calls: list[tuple[Any, tuple]]) -> Callable[[], Any]:
+    if len(calls) == 1:
+        (fn, args), = calls
+        return lambda: fn(*args)
+
+    def run():
+        out = None
+        for fn, args in calls:
+            out = fn(*args)
+        return out
+
+    return run
+
+
+def _dynamo_direct(model: Any) -> Callable[..., Any] | None:
+    """Dynamo's transformed bytecode of ``model.forward`` as a plain function: what a
+    ``torch.compile`` call runs once its guards passed (the counterpart of ``direct``).
+    The compiled frame is the forward or one of the decorators wrapping it."""
+    import types
+
+    from torch._C._dynamo.eval_frame import _debug_get_cache_entry_list
+
+    fn = type(model).forward
+    while fn is not None:
+        entries = _debug_get_cache_entry_list(fn.__code__)
+        if len(entries) == 1:
+            return types.FunctionType(entries[0].code, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+        fn = getattr(fn, "__wrapped__", None)
+    return None
+
+
+def _time_alone(fn: Callable[..., Any], args: tuple, kwargs: dict, n: int = 2000) -> float:
+    """µs of thread CPU time per call of ``fn`` (best of 5 batches): a per-call check's own cost,
+    small enough to be lost in the noise of a whole call on a loaded machine."""
+    for _ in range(100):
+        fn(*args, **kwargs)
+    best = float("inf")
+    for _ in range(5):
+        c = time.thread_time()
+        for _ in range(n):
+            fn(*args, **kwargs)
+        best = min(best, (time.thread_time() - c) / n * 1e6)
+    return best
+
+
+def _as_tensor(out: Any) -> Any:
+    """The tensor to compare with eager: logits of a ModelOutput, else the output itself."""
+    return getattr(out, "logits", out)
 
 
 def _variants(model_name: str, size: str, cache_dir: str, compiler: str) -> tuple[dict, dict, tuple[int, ...]]:
@@ -41,40 +149,60 @@ def _variants(model_name: str, size: str, cache_dir: str, compiler: str) -> tupl
 
     import torchair_cached_backend as tcb
 
-    sys.path.insert(0, HERE)
-    from models import build
-
     def fresh():
         return build(model_name, size)
 
-    m_eager, x = fresh()
-    m_on, _ = fresh()
-    m_off, _ = fresh()
+    m_eager, args, kw = fresh()
+    m_on, _, _ = fresh()
+    m_off, _, _ = fresh()
     # load before anything imports Dynamo, so the flags below describe the bypass alone
+    # (a transformers model imports Dynamo anyway)
     on = tcb.load(m_on, cache_dir, compiler=compiler, check_inputs=True, fallback=False)
     off = tcb.load(m_off, cache_dir, compiler=compiler, check_inputs=False, fallback=False)
-    m_call, _ = fresh()
+    m_call, _, _ = fresh()
     every = tcb.load(m_call, cache_dir, compiler=compiler, guards="call", fallback=False)
-    facts = {
+    facts: dict = {
         "bypass_imported_dynamo": "torch._dynamo" in sys.modules,
         "bypass_imported_inductor": "torch._inductor" in sys.modules,
     }
     # "compiled graph called directly": the replayed transformed function, no wrapper
     direct_fn = off._variants[0].fn
     prefix = getattr(off, "_prefix", (m_off,))
-    m_ind, _ = fresh()
-    compiled = torch.compile(m_ind, fullgraph=True)
+    m_ind, _, _ = fresh()
+    compiled = torch.compile(m_ind, fullgraph=not kw)
+    compiled(*args, **kw)
+    # the floor: the graphs themselves, called with the arguments their callers passed
+    dynamo_scopes = [vars(mod) for mod in list(sys.modules.values()) if mod is not None and any(
+        k.startswith("__compiled_fn") for k in getattr(mod, "__dict__", {}))]
+    bare_calls = _record_graph_calls(dynamo_scopes, "__compiled_fn", lambda: compiled(*args, **kw))
+    ours_calls = _record_graph_calls([v.fn.__globals__ for v in off._variants], "___tcb_graph",
+                                     lambda: off(*args, **kw))
+    facts["graphs_per_call"] = {"inductor_bare": len(bare_calls), "ours_graph": len(ours_calls)}
+    dynamo_direct = _dynamo_direct(m_ind)
     V = {
-        "eager": lambda: m_eager(x),
-        "inductor_guards": lambda: compiled(x),
-        "ours_check_on": lambda: on(x),
-        "ours_guards_call": lambda: every(x),
-        "ours_check_off": lambda: off(x),
-        "direct": lambda: direct_fn(*prefix, x),
+        "eager": lambda: m_eager(*args, **kw),
+        "inductor_guards": lambda: compiled(*args, **kw),
+        "inductor_no_guards": (lambda: dynamo_direct(m_ind, *args, **kw)) if dynamo_direct else None,
+        "inductor_bare": _run_all(bare_calls),
+        "ours_check_on": lambda: on(*args, **kw),
+        "ours_guards_call": lambda: every(*args, **kw),
+        "ours_check_off": lambda: off(*args, **kw),
+        "direct": lambda: direct_fn(*prefix, *args, **kw),
+        "ours_graph": _run_all(ours_calls),
     }
-    ref = m_eager(x)
-    facts["max_abs_diff"] = {k: (f() - ref).abs().max().item() for k, f in V.items()}
-    return V, facts, tuple(x.shape)
+    V = {k: f for k, f in V.items() if f is not None}
+    facts["check_us"] = {name: _time_alone(fn._variants[0].check, (*fn._prefix, *args), kw)
+                         for name, fn in (("ours_check_on", on), ("ours_guards_call", every))}
+    ref = _as_tensor(m_eager(*args, **kw))
+    diffs = {}
+    for k, f in V.items():
+        got = _as_tensor(f())
+        if isinstance(got, (list, tuple)):  # a bare graph's outputs: the one shaped as the model's
+            got = next((t for t in got if isinstance(t, torch.Tensor) and t.shape == ref.shape), None)
+        diffs[k] = None if got is None else (got - ref).abs().max().item()
+    facts["max_abs_diff"] = diffs
+    shape = args[0].shape if args else kw["input_ids"].shape
+    return V, facts, tuple(shape)
 
 
 def measure(V: dict, rounds: int, batch_ms: float, warmup: int) -> dict:
@@ -91,20 +219,32 @@ def measure(V: dict, rounds: int, batch_ms: float, warmup: int) -> dict:
         per = (time.perf_counter() - t) / 20
         calls[name] = max(10, int(batch_ms / 1e3 / per))
     samples: dict[str, list[float]] = {k: [] for k in V}
+    cpu: dict[str, list[float]] = {k: [] for k in V}
     names = list(V)
-    for r in range(rounds):
-        for name in names[r % len(names) :] + names[: r % len(names)]:
+    wall, thread = time.perf_counter, time.thread_time
+    order = random.Random(0)
+    for _ in range(rounds):
+        # a fresh order every round: a rotation would keep each variant behind the same neighbour
+        # (one that evicts caches, e.g. guards="call", would slow the same variant every round)
+        order.shuffle(names)
+        for name in names:
             f, n = V[name], calls[name]
-            t = time.perf_counter()
+            c, t = thread(), wall()
             for _ in range(n):
                 f()
-            samples[name].append((time.perf_counter() - t) / n * 1e6)
+            t, c = wall() - t, thread() - c
+            samples[name].append(t / n * 1e6)
+            cpu[name].append(c / n * 1e6)
     return {
         k: {
             "median_us": statistics.median(v),
             "min_us": min(v),
+            # CPU time of this thread: what a call costs when a busy machine deschedules us mid-batch
+            "cpu_median_us": statistics.median(cpu[k]),
+            "cpu_min_us": min(cpu[k]),
             "calls_per_round": calls[k],
             "samples_us": [round(s, 2) for s in v],
+            "cpu_samples_us": [round(s, 2) for s in cpu[k]],
         }
         for k, v in samples.items()
     }
@@ -114,7 +254,29 @@ def targets_for(model: str, res: dict) -> list[dict]:
     def med(k: str) -> float:
         return res[k]["median_us"]
 
+    def paired(k: str, base: str) -> float:
+        """Median over rounds of k / base in thread CPU time: the two ran in the same round, close
+        in time, so a neighbour's load hits both alike (robust where a ratio of medians is not)."""
+        import statistics
+
+        a = res[k].get("cpu_samples_us") or res[k]["samples_us"]
+        b = res[base].get("cpu_samples_us") or res[base]["samples_us"]
+        return statistics.median(x / y for x, y in zip(a, b, strict=True))
+
     out = []
+    if "inductor_bare" in res:  # issue 18: the replayed graph at the bare compiled code's speed
+        pairs = [("ours (default guards) / bare compiled graph", "ours_check_on", "inductor_bare"),
+                 ("replayed graph alone / bare compiled graph", "ours_graph", "inductor_bare")]
+        if "inductor_no_guards" in res:
+            pairs.append(("ours (default guards) / torch.compile without guards", "ours_check_on",
+                          "inductor_no_guards"))
+        for name, k, base in pairs:
+            v = paired(k, base)
+            out.append({"name": f"{model}: {name} (CPU time, paired)", "value": v, "goal": "<= 1.05",
+                        "met": v <= 1.05})
+        v = med("ours_check_on") / med("inductor_bare")
+        out.append({"name": f"{model}: ours (default guards) / bare compiled graph (wall)", "value": v,
+                    "goal": "<= 1.05", "met": v <= 1.05})
     v = med("ours_check_on") / med("inductor_guards")
     out.append({"name": f"{model}: ours (check on) / Inductor with guards", "value": v, "goal": "<= 1", "met": v <= 1})
     v = med("ours_check_off") / med("direct")
@@ -142,29 +304,47 @@ def render_markdown(doc: dict) -> str:
         f"torch {doc['torch']}, Python {doc['machine']['python']}, {doc['machine']['cpu']} "
         f"({doc['machine']['cores']} cores), created {doc['created']}. Median µs per call over "
         f"{cfg['rounds']} interleaved rounds of ~{cfg['batch_ms']} ms; model size `{cfg['size']}`; "
-        f"inner compiler `{cfg['compiler']}`; env {cfg['env']}; torch.no_grad().",
+        f"inner compiler `{cfg['compiler']}`; env {cfg['env']}; torch.no_grad(). Cells: wall median (min) / "
+        f"median thread CPU time per call (what a call costs even when a busy machine deschedules the "
+        f"process mid-batch); load average {doc['machine'].get('loadavg_start')} -> "
+        f"{doc['machine'].get('loadavg_end')}.",
         "",
     ]
-    names = list(doc["results"][0]["variants"]) if doc["results"] else []
+    names = list(dict.fromkeys(n for r in doc["results"] for n in r["variants"]))
     head = (
-        "| variant | " + " | ".join(f"{r['model']} {tuple(r['input_shape'])} µs (min)" for r in doc["results"]) + " |"
+        "| variant | " + " | ".join(f"{r['model']} {tuple(r['input_shape'])} µs (min) / CPU µs" for r in doc["results"])
+        + " |"
     )
     lines += [head, "|---" * (len(doc["results"]) + 1) + "|"]
+
+    def cell(v: dict | None) -> str:
+        if v is None:
+            return "–"
+        c = f" / {v['cpu_median_us']:.1f}" if "cpu_median_us" in v else ""
+        return f"{v['median_us']:.1f} ({v['min_us']:.1f}){c}"
+
     for n in names:
-        cells = [f"{r['variants'][n]['median_us']:.1f} ({r['variants'][n]['min_us']:.1f})" for r in doc["results"]]
-        lines.append(f"| {n} | " + " | ".join(cells) + " |")
+        lines.append(f"| {n} | " + " | ".join(cell(r["variants"].get(n)) for r in doc["results"]) + " |")
     lines += ["", "| target | value | goal | met |", "|---|---|---|---|"]
     for t in doc["targets"]:
         lines.append(f"| {t['name']} | {t['value']:.3f} | {t['goal']} | {'yes' if t['met'] else '**no**'} |")
     lines += ["", "Variants: `eager` = the module; `inductor_guards` = `torch.compile(m)` (Dynamo guards + wrapper);"]
     lines += ["`ours_check_on/off` = `tcb.load(m, dir, check_inputs=True/False)` (on: the per-call guards of"]
     lines += ["`guards=\"load\"`); `ours_guards_call` = `guards=\"call\"` (every recorded guard on every call);"]
-    lines += ["`direct` = the replayed transformed function called without our wrapper."]
+    lines += ["`direct` = the replayed transformed function called without our wrapper;"]
+    lines += ["`inductor_bare` = the graph plain `torch.compile` runs (`__compiled_fn_*`: AOTAutograd's runtime wrapper"]
+    lines += ["around Inductor's compiled module), called directly with the arguments Dynamo passed it: no frame, no"]
+    lines += ["guards, no bytecode (the floor); `ours_graph` = the replayed graph called the same way;"]
+    lines += ["`inductor_no_guards` = Dynamo's transformed bytecode of the forward (its cache entry's code) called as a"]
+    lines += ["plain function: a `torch.compile` call minus its guards (the counterpart of `direct`)."]
     for r in doc["results"]:
         lines.append(
             f"\n{r['model']}: bypass load imported torch._dynamo: {r['facts']['bypass_imported_dynamo']}, "
             f"torch._inductor: {r['facts']['bypass_imported_inductor']}; max abs diff vs eager: "
-            + ", ".join(f"{k} {v:.2g}" for k, v in r["facts"]["max_abs_diff"].items())
+            + ", ".join(f"{k} {'–' if v is None else f'{v:.2g}'}" for k, v in r["facts"]["max_abs_diff"].items())
+            + (f"; compiled graphs per call: {r['facts']['graphs_per_call']}" if "graphs_per_call" in r["facts"] else "")
+            + ("; the per-call check alone (µs, thread CPU time, best of 5 x 2000): "
+               + ", ".join(f"{k} {v:.2f}" for k, v in r["facts"]["check_us"].items()) if "check_us" in r["facts"] else "")
         )
     return "\n".join(lines) + "\n"
 
@@ -193,7 +373,7 @@ def main(argv: list[str] | None = None) -> int:
     import tempfile
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--models", default="mlp,gpt")
+    p.add_argument("--models", default="mlp,gpt,pointwise,llama", help="also: llama150m")
     p.add_argument("--rounds", type=int, default=41)
     p.add_argument(
         "--size",
