@@ -25,6 +25,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 
 import harness
 
@@ -127,6 +128,30 @@ def render(doc: dict) -> str:
     profiles = [r["profile"] for r in doc.get("warm_profiled", []) if r.get("profile")]
     if profiles:
         rows += ["", "`TCB_PROFILE=1` breakdown of one warm start:", "", "```", profiles[len(profiles) // 2], "```"]
+    baseline = doc.get("baseline") or {}
+    if baseline:
+        rows += ["", f"## Against the baseline package ({doc.get('baseline_root')}), round-robin in the same run", "",
+                 "| layers | load-time checks, baseline -> now | guards blob KB, baseline -> now "
+                 "| tcb.load median ms, baseline -> now | tcb.load min ms, baseline -> now "
+                 "| warm total (import + load + call) median ms, baseline -> now |", "|---|---|---|---|---|---|"]
+        for layers, base_runs in sorted(baseline.items(), key=lambda kv: int(kv[0])):
+            now_runs = (doc.get("scaling") or {}).get(layers, {}).get("warm") or doc["warm"]
+            sizes = (doc.get("scaling") or {}).get(layers, {})
+
+            def stat(runs: list[dict], key: str, fn: Callable[[list[float]], float]) -> str:
+                values = [r[key] * 1e3 for r in runs if key in r]
+                return f"{fn(values):.2f}" if values else "-"
+
+            def first(runs: list[dict], key: str) -> str:
+                return str(next((r[key] for r in runs if key in r), "-"))
+
+            blob = (f"{sizes['baseline_sizes']['guards_bytes'] / 1e3:.0f} -> {sizes['sizes']['guards_bytes'] / 1e3:.0f}"
+                    if "baseline_sizes" in sizes else "-")
+            rows.append(f"| {layers} | {first(base_runs, 'load_checks')} -> {first(now_runs, 'load_checks')} | {blob} "
+                        f"| {stat(base_runs, 'load_s', statistics.median)} -> {stat(now_runs, 'load_s', statistics.median)} "
+                        f"| {stat(base_runs, 'load_s', min)} -> {stat(now_runs, 'load_s', min)} "
+                        f"| {stat(base_runs, 'first_call_s', statistics.median)} -> "
+                        f"{stat(now_runs, 'first_call_s', statistics.median)} |")
     scaling = doc.get("scaling") or {}
     if scaling:
         rows += ["", "## How the load grows with the layer count", "",
@@ -148,6 +173,8 @@ def main() -> None:
     p.add_argument("--note", default="", help="a line for the markdown (e.g. the machine's load)")
     p.add_argument("--out", default=os.path.join(HERE, "results", "warm_profile.json"))
     p.add_argument("--package-root", default=REPO)
+    p.add_argument("--baseline-root", default="",
+                   help="another package dir (e.g. an older commit's) whose warm starts run round-robin with ours")
     p.add_argument("--child", nargs=3)
     a = p.parse_args()
     if a.child:
@@ -165,17 +192,35 @@ def main() -> None:
     main_layers, cache = counts[0], caches[counts[0]]
     doc: dict = {"layers": main_layers, "repeat": a.repeat, "package_root": a.package_root, "note": a.note,
                  "eager": [], "warm": [], "warm_profiled": [], "scaling": {}}
+    base_env = dict(CHILD_ENV, PYTHONPATH=os.path.abspath(a.baseline_root)) if a.baseline_root else None
+    base_caches = {n: os.path.join(work, f"base{n}") for n in counts}
+    if base_env is not None:
+        doc.update(baseline_root=a.baseline_root, baseline={str(n): [] for n in counts})
+        for n in counts:
+            cold = _spawn_profiled(["cold", base_caches[n], str(n)], ind, base_env)
+            if "error" in cold:
+                sys.exit(f"baseline cold run failed ({n} layers): {cold['error']}")
     for _ in range(a.repeat):  # round-robin: a noisy neighbour hits all alike
         doc["eager"].append(_spawn_profiled(["eager", cache, str(main_layers)], ind, env))
         doc["warm"].append(_spawn_profiled(["warm", cache, str(main_layers)], ind, env))
         doc["warm_profiled"].append(_spawn_profiled(["warm", cache, str(main_layers)], ind,
                                                     dict(env, TCB_PROFILE="1")))
+        if base_env is not None:
+            doc["baseline"][str(main_layers)].append(
+                _spawn_profiled(["warm", base_caches[main_layers], str(main_layers)], ind, base_env))
         print(json.dumps(doc["warm"][-1]), flush=True)
     if len(counts) > 1:
+        others = {n: [] for n in counts if n != main_layers}
+        for _ in range(a.repeat):
+            for n in others:
+                others[n].append(_spawn_profiled(["warm", caches[n], str(n)], ind, env))
+                if base_env is not None:
+                    doc["baseline"][str(n)].append(_spawn_profiled(["warm", base_caches[n], str(n)], ind, base_env))
         for n in counts:
-            warm = doc["warm"] if n == main_layers else [
-                _spawn_profiled(["warm", caches[n], str(n)], ind, env) for _ in range(a.repeat)]
+            warm = doc["warm"] if n == main_layers else others[n]
             doc["scaling"][str(n)] = {"sizes": _sizes(caches[n]), "warm": warm}
+            if base_env is not None:
+                doc["scaling"][str(n)]["baseline_sizes"] = _sizes(base_caches[n])
     harness.write_outputs(doc, a.out, render)
     print(render(doc))
 
