@@ -200,7 +200,7 @@ def stacks(tmp_path_factory):
             out["scaled_ok"] = "specialized on changed" in str(miss)
         out["frames"] = frames()
         emit(out)
-        """))
+        """), env={"TCB_PROFILE": "1"})
     return dirs, warm
 
 
@@ -212,6 +212,14 @@ def test_load_checks_grow_with_distinct_layer_shapes_not_layers(stacks):
     assert eight["guards"] > 1.5 * four["guards"], (four, eight)  # every guard is still recorded
     assert eight["checks"] < 1.2 * four["checks"], (four, eight)
     assert four["checks"] < four["guards"], four
+
+
+def test_profile_counts_the_checks(stacks):
+    _, warm = stacks
+    lines = [ln for ln in warm["_stderr"].splitlines() if ln.startswith("tcb profile: load Stack.forward")]
+    assert len(lines) >= 2, warm["_stderr"][-3000:]
+    for line, n in zip(lines, ("4", "8"), strict=False):
+        assert f"({warm[n]['checks']} checks)" in line, (line, warm[n])
 
 
 def test_a_change_in_one_layer_is_still_detected(stacks):
