@@ -303,11 +303,13 @@ def test_looped_load_checks_evaluate_every_guard():
     assert count == 3 and any("for " in line for line in body), body
     namespace: dict = {}
     exec("def check(L):\n" + "\n".join(body + ["    return -1"]), namespace)  # noqa: S102 - generated above
-    check = namespace["check"]
-    assert check(scope([2.0] * 4)) == -1
+    full_body, _ = load_check_body(list(enumerate(guards)), fail="False")  # the per-call full check's form
+    exec("def full(L):\n" + "\n".join(full_body + ["    return True"]), namespace)  # noqa: S102 - generated above
+    check, full = namespace["check"], namespace["full"]
+    assert check(scope([2.0] * 4)) == -1 and full(scope([2.0] * 4)) is True
     for i in range(4):
         changed = [2.0] * 4
         changed[i] = 3.0
-        assert check(scope(changed)) != -1, i
+        assert check(scope(changed)) != -1 and full(scope(changed)) is False, i
         changed[i] = 2  # an int: the type half of the guard
-        assert check(scope(changed)) != -1, i
+        assert check(scope(changed)) != -1 and full(scope(changed)) is False, i
