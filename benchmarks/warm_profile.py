@@ -8,7 +8,11 @@ load-time guards, graphs) and the first call. One untimed cold process fills the
 and eager processes run round-robin. Warm children run with ``TCB_PROFILE=1`` and keep
 the breakdown line it prints.
 
-usage: python benchmarks/warm_profile.py [--repeat 7] [--layers 4] [--out PATH]
+With several layer counts (``--layers 4,8,16``) the first gets the full table and every
+count a row of the scaling table: guards recorded at load, checks the generated load-time
+function evaluates, program manifest and guards blob sizes, ``tcb.load`` time.
+
+usage: python benchmarks/warm_profile.py [--repeat 7] [--layers 4[,8,16]] [--out PATH]
        [--package-root DIR]   # measure the package at DIR (default: this checkout), e.g. an older commit
 """
 
@@ -21,6 +25,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 
 import harness
 
@@ -59,8 +64,37 @@ def _child(action: str, cache_dir: str, layers: int) -> dict:
         t3 = time.perf_counter()
         out.update(import_s=t1 - t0, load_s=t2 - t1, call_s=t3 - t2, first_call_s=t3 - t0, package=tcb.__file__)
         out["capture_imported"] = "torchair_cached_backend.bypass.capture" in sys.modules
+        if action == "warm":
+            out.update(_guard_counts(fn))
         expected = model(**inputs)
         out["max_abs_diff"] = (got.logits - expected.logits).abs().max().item()
+    return out
+
+
+def _guard_counts(fn: object) -> dict:
+    """Guards recorded for load time and checks the load-time function holds (after the timing)."""
+    variants = getattr(fn, "_variants", None) or []
+    checks = getattr(variants[0], "checks", None) if variants else None
+    if checks is None:
+        return {}
+    out = {"load_guards": sum(1 for g in checks.meta if g["scope"] == "load")}
+    count = checks.namespace.get("___load_checks")
+    out["load_checks"] = count if count is not None else out["load_guards"]  # before format 4: one check a guard
+    return out
+
+
+def _sizes(cache_dir: str) -> dict:
+    """Bytes on disk of the program entry: its manifest and its guards blobs."""
+    out = {"manifest_bytes": 0, "guards_bytes": 0, "program_files_bytes": 0}
+    programs = os.path.join(cache_dir, "programs")
+    for key in os.listdir(programs) if os.path.isdir(programs) else ():
+        out["manifest_bytes"] += os.path.getsize(os.path.join(programs, key, "manifest.json"))
+        files = os.path.join(programs, key, "files")
+        for name in os.listdir(files):
+            size = os.path.getsize(os.path.join(files, name))
+            out["program_files_bytes"] += size
+            if name.endswith(".guards"):
+                out["guards_bytes"] += size
     return out
 
 
@@ -74,7 +108,7 @@ def render(doc: dict) -> str:
         "# Warm-start fixed cost (tiny transformers Llama, bypass route, eager inner compiler)",
         "",
         f"{doc['layers']} layers, d=128, input (2, 24); fresh processes, median of {doc['repeat']} "
-        "(min-max). Times in ms.",
+        "(min-max). Times in ms." + (f" {doc['note']}" if doc.get("note") else ""),
         "",
         "| measure | median | min | max |",
         "|---|---|---|---|",
@@ -94,33 +128,99 @@ def render(doc: dict) -> str:
     profiles = [r["profile"] for r in doc.get("warm_profiled", []) if r.get("profile")]
     if profiles:
         rows += ["", "`TCB_PROFILE=1` breakdown of one warm start:", "", "```", profiles[len(profiles) // 2], "```"]
+    baseline = doc.get("baseline") or {}
+    if baseline:
+        rows += ["", f"## Against the baseline package ({doc.get('baseline_root')}), round-robin in the same run", "",
+                 "| layers | load-time checks, baseline -> now | guards blob KB, baseline -> now "
+                 "| tcb.load median ms, baseline -> now | tcb.load min ms, baseline -> now "
+                 "| warm total (import + load + call) median ms, baseline -> now |", "|---|---|---|---|---|---|"]
+        for layers, base_runs in sorted(baseline.items(), key=lambda kv: int(kv[0])):
+            now_runs = (doc.get("scaling") or {}).get(layers, {}).get("warm") or doc["warm"]
+            sizes = (doc.get("scaling") or {}).get(layers, {})
+
+            def stat(runs: list[dict], key: str, fn: Callable[[list[float]], float]) -> str:
+                values = [r[key] * 1e3 for r in runs if key in r]
+                return f"{fn(values):.2f}" if values else "-"
+
+            def first(runs: list[dict], key: str) -> str:
+                return str(next((r[key] for r in runs if key in r), "-"))
+
+            blob = (f"{sizes['baseline_sizes']['guards_bytes'] / 1e3:.0f} -> {sizes['sizes']['guards_bytes'] / 1e3:.0f}"
+                    if "baseline_sizes" in sizes else "-")
+            rows.append(f"| {layers} | {first(base_runs, 'load_checks')} -> {first(now_runs, 'load_checks')} | {blob} "
+                        f"| {stat(base_runs, 'load_s', statistics.median)} -> {stat(now_runs, 'load_s', statistics.median)} "
+                        f"| {stat(base_runs, 'load_s', min)} -> {stat(now_runs, 'load_s', min)} "
+                        f"| {stat(base_runs, 'first_call_s', statistics.median)} -> "
+                        f"{stat(now_runs, 'first_call_s', statistics.median)} |")
+    scaling = doc.get("scaling") or {}
+    if scaling:
+        rows += ["", "## How the load grows with the layer count", "",
+                 "| layers | load-time guards | checks evaluated at load | program manifest, KB | guards blob, KB "
+                 "| tcb.load median, ms | tcb.load min, ms |", "|---|---|---|---|---|---|---|"]
+        for layers, row in sorted(scaling.items(), key=lambda kv: int(kv[0])):
+            loads = [r["load_s"] * 1e3 for r in row["warm"] if "load_s" in r]
+            first = next((r for r in row["warm"] if "load_guards" in r), {})
+            rows.append(f"| {layers} | {first.get('load_guards', '-')} | {first.get('load_checks', '-')} "
+                        f"| {row['sizes']['manifest_bytes'] / 1e3:.1f} | {row['sizes']['guards_bytes'] / 1e3:.1f} "
+                        f"| {statistics.median(loads):.2f} | {min(loads):.2f} |" if loads else f"| {layers} | - |")
     return "\n".join(rows) + "\n"
 
 
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--repeat", type=int, default=7)
-    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--layers", default="4", help="layer count(s), comma-separated: the first gets the full table")
+    p.add_argument("--note", default="", help="a line for the markdown (e.g. the machine's load)")
     p.add_argument("--out", default=os.path.join(HERE, "results", "warm_profile.json"))
     p.add_argument("--package-root", default=REPO)
+    p.add_argument("--baseline-root", default="",
+                   help="another package dir (e.g. an older commit's) whose warm starts run round-robin with ours")
     p.add_argument("--child", nargs=3)
     a = p.parse_args()
     if a.child:
         harness.report(_child(a.child[0], a.child[1], int(a.child[2])))
         return
     work = tempfile.mkdtemp(prefix="tcb_warm_profile_")
-    cache, ind = os.path.join(work, "cache"), os.path.join(work, "inductor")
+    ind = os.path.join(work, "inductor")
     env = dict(CHILD_ENV, PYTHONPATH=os.path.abspath(a.package_root))
-    cold = _spawn_profiled(["cold", cache, str(a.layers)], ind, env)
-    if "error" in cold:
-        sys.exit(f"cold run failed: {cold['error']}")
-    doc: dict = {"layers": a.layers, "repeat": a.repeat, "package_root": a.package_root, "eager": [], "warm": [],
-                 "warm_profiled": []}
+    counts = [int(n) for n in a.layers.split(",")]
+    caches = {n: os.path.join(work, f"cache{n}") for n in counts}
+    for n in counts:
+        cold = _spawn_profiled(["cold", caches[n], str(n)], ind, env)
+        if "error" in cold:
+            sys.exit(f"cold run failed ({n} layers): {cold['error']}")
+    main_layers, cache = counts[0], caches[counts[0]]
+    doc: dict = {"layers": main_layers, "repeat": a.repeat, "package_root": a.package_root, "note": a.note,
+                 "eager": [], "warm": [], "warm_profiled": [], "scaling": {}}
+    base_env = dict(CHILD_ENV, PYTHONPATH=os.path.abspath(a.baseline_root)) if a.baseline_root else None
+    base_caches = {n: os.path.join(work, f"base{n}") for n in counts}
+    if base_env is not None:
+        doc.update(baseline_root=a.baseline_root, baseline={str(n): [] for n in counts})
+        for n in counts:
+            cold = _spawn_profiled(["cold", base_caches[n], str(n)], ind, base_env)
+            if "error" in cold:
+                sys.exit(f"baseline cold run failed ({n} layers): {cold['error']}")
     for _ in range(a.repeat):  # round-robin: a noisy neighbour hits all alike
-        doc["eager"].append(_spawn_profiled(["eager", cache, str(a.layers)], ind, env))
-        doc["warm"].append(_spawn_profiled(["warm", cache, str(a.layers)], ind, env))
-        doc["warm_profiled"].append(_spawn_profiled(["warm", cache, str(a.layers)], ind, dict(env, TCB_PROFILE="1")))
+        doc["eager"].append(_spawn_profiled(["eager", cache, str(main_layers)], ind, env))
+        doc["warm"].append(_spawn_profiled(["warm", cache, str(main_layers)], ind, env))
+        doc["warm_profiled"].append(_spawn_profiled(["warm", cache, str(main_layers)], ind,
+                                                    dict(env, TCB_PROFILE="1")))
+        if base_env is not None:
+            doc["baseline"][str(main_layers)].append(
+                _spawn_profiled(["warm", base_caches[main_layers], str(main_layers)], ind, base_env))
         print(json.dumps(doc["warm"][-1]), flush=True)
+    if len(counts) > 1:
+        others = {n: [] for n in counts if n != main_layers}
+        for _ in range(a.repeat):
+            for n in others:
+                others[n].append(_spawn_profiled(["warm", caches[n], str(n)], ind, env))
+                if base_env is not None:
+                    doc["baseline"][str(n)].append(_spawn_profiled(["warm", base_caches[n], str(n)], ind, base_env))
+        for n in counts:
+            warm = doc["warm"] if n == main_layers else others[n]
+            doc["scaling"][str(n)] = {"sizes": _sizes(caches[n]), "warm": warm}
+            if base_env is not None:
+                doc["scaling"][str(n)]["baseline_sizes"] = _sizes(base_caches[n])
     harness.write_outputs(doc, a.out, render)
     print(render(doc))
 

@@ -200,7 +200,7 @@ def stacks(tmp_path_factory):
             out["scaled_ok"] = "specialized on changed" in str(miss)
         out["frames"] = frames()
         emit(out)
-        """))
+        """), env={"TCB_PROFILE": "1"})
     return dirs, warm
 
 
@@ -212,6 +212,14 @@ def test_load_checks_grow_with_distinct_layer_shapes_not_layers(stacks):
     assert eight["guards"] > 1.5 * four["guards"], (four, eight)  # every guard is still recorded
     assert eight["checks"] < 1.2 * four["checks"], (four, eight)
     assert four["checks"] < four["guards"], four
+
+
+def test_profile_counts_the_checks(stacks):
+    _, warm = stacks
+    lines = [ln for ln in warm["_stderr"].splitlines() if ln.startswith("tcb profile: load Stack.forward")]
+    assert len(lines) >= 2, warm["_stderr"][-3000:]
+    for line, n in zip(lines, ("4", "8"), strict=False):
+        assert f"({warm[n]['checks']} checks)" in line, (line, warm[n])
 
 
 def test_a_change_in_one_layer_is_still_detected(stacks):
@@ -295,11 +303,13 @@ def test_looped_load_checks_evaluate_every_guard():
     assert count == 3 and any("for " in line for line in body), body
     namespace: dict = {}
     exec("def check(L):\n" + "\n".join(body + ["    return -1"]), namespace)  # noqa: S102 - generated above
-    check = namespace["check"]
-    assert check(scope([2.0] * 4)) == -1
+    full_body, _ = load_check_body(list(enumerate(guards)), fail="False")  # the per-call full check's form
+    exec("def full(L):\n" + "\n".join(full_body + ["    return True"]), namespace)  # noqa: S102 - generated above
+    check, full = namespace["check"], namespace["full"]
+    assert check(scope([2.0] * 4)) == -1 and full(scope([2.0] * 4)) is True
     for i in range(4):
         changed = [2.0] * 4
         changed[i] = 3.0
-        assert check(scope(changed)) != -1, i
+        assert check(scope(changed)) != -1 and full(scope(changed)) is False, i
         changed[i] = 2  # an int: the type half of the guard
-        assert check(scope(changed)) != -1, i
+        assert check(scope(changed)) != -1 and full(scope(changed)) is False, i

@@ -5,13 +5,14 @@ wrapped: zero cost. On, :func:`install` (called at package import) wraps the few
 functions a load goes through with timers; each ``load()``/``cache_compile`` load
 prints, after the replay's first call::
 
-    tcb profile: load LlamaForCausalLM.forward: 7.91 ms = read 0.40 + verify 0.62 + decode 1.95
-    + checks 2.10 + guards 1.52 + graphs 0.35 + other 0.97 | first call 3.02 ms (check 0.06, run 2.96)
+    tcb profile: load LlamaForCausalLM.forward: 6.10 ms = read 0.10 + verify 0.19 + decode 1.40
+    + checks 0.50 + guards 1.52 (619 checks) + graphs 0.30 + other 2.09 | first call 2.90 ms (check 0.02, run 2.88)
 
 Phases are exclusive (an inner phase's time is not counted in the outer one), so they
 add up to the load's total: ``read`` the entry files, ``verify`` their sha256,
 ``decode`` manifests, bytecode and guard constants, ``checks`` build the guard
-functions, ``guards`` evaluate load-time guards, ``graphs`` load the compiled graphs
+functions, ``guards`` evaluate load-time guards (with how many checks the generated
+functions hold: a check repeated per layer is one check in a loop), ``graphs`` load the compiled graphs
 (the compiler's own part), ``callees`` nested loads of methods replayed on their own,
 ``other`` the rest. A replay never called reports at exit.
 """
@@ -49,6 +50,7 @@ class _Load:
         self.first_check: float | None = None
         self.first_run: float | None = None
         self.reported = False
+        self.checks = 0  # checks the load-time functions hold (a looped per-layer check counts once)
 
     def add(self, phase: str, seconds: float) -> None:
         self.phases[phase] = self.phases.get(phase, 0.0) + seconds
@@ -56,6 +58,8 @@ class _Load:
     def line(self) -> str:
         ms = 1e3
         parts = [f"{p} {self.phases.get(p, 0.0) * ms:.2f}" for p in PHASES if p in self.phases or p != "callees"]
+        if self.checks:
+            parts[PHASES.index("guards")] += f" ({self.checks} checks)"
         other = self.total - sum(self.phases.values())
         parts.append(f"other {max(other, 0.0) * ms:.2f}")
         text = f"tcb profile: load {self.name}: {self.total * ms:.2f} ms = " + " + ".join(parts)
@@ -209,6 +213,19 @@ _TARGETS = (
 )
 
 
+def _counted(load_failures: Callable[..., Any]) -> Callable[..., Any]:
+    """``GuardChecks.load_failures`` adding its function's check count to the load's line."""
+
+    @functools.wraps(load_failures)
+    def wrapper(checks: Any, *args: Any, **kwargs: Any) -> Any:
+        loads = _loads()
+        if loads:
+            loads[-1].checks += int(checks.namespace.get("___load_checks", 0) or 0)
+        return load_failures(checks, *args, **kwargs)
+
+    return wrapper
+
+
 def install() -> None:
     """Wrap the load's functions with timers (once per process)."""
     import importlib
@@ -222,7 +239,7 @@ def install() -> None:
             setattr(module, attr, timed(phase, fn))
     from .bypass import guard_runtime, loader
 
-    guard_runtime.GuardChecks.load_failures = timed("guards", guard_runtime.GuardChecks.load_failures)
+    guard_runtime.GuardChecks.load_failures = _counted(timed("guards", guard_runtime.GuardChecks.load_failures))
     loader.build_replay = profiled_load(loader.build_replay)
     globals()["_installed"] = True
 

@@ -81,8 +81,11 @@ def source_module(builder: GuardTable, call_params: str, defs: list[str]) -> tup
         bound += [f"{n!r}: ___cells[{i}].cell_contents" for i, n in enumerate(builder.freevars)]
     lines.append(f"def ___bind({call_params}):\n    return {{{', '.join(bound)}}}")
     lines.append(f"def ___call_check({call_params}):\n    return {' and '.join(builder_param(builder, x) for x in call) or 'True'}")
+    # every guard per call (guards="call", a receiver not fixed at load): a function like the
+    # load-time one, per-layer guards in loops, False at the first that fails (or raises)
+    full_body, _ = load_check_body([(i, builder_param(builder, x)) for i, x in enumerate(everything)], fail="False")
     full = (f"# npu_cached full guard check, format {CHECKS_FORMAT}\n"
-            f"def ___full_check({call_params}):\n    return {' and '.join(builder_param(builder, x) for x in everything) or 'True'}\n")
+            f"def ___full_check({call_params}):\n" + "\n".join(full_body + ["    return True"]) + "\n")
     body, count = load_check_body([(i, g["expr"]) for i, g in enumerate(builder.guards) if g["scope"] == "load"])
     lines.append("def ___load_check(L):\n" + "\n".join(body + ["    return -1"]))
     lines.append(f"___load_checks = {count}")
@@ -93,14 +96,15 @@ _ITEM = "___tcb_m"  # the loop variable of a check repeated per item of a module
 _KEY = "___tcb_k"
 
 
-def load_check_body(guards: list[tuple[int, str]]) -> tuple[list[str], int]:
+def load_check_body(guards: list[tuple[int, str]], fail: str | None = None) -> tuple[list[str], int]:
     """The body of ``___load_check`` (evaluated once at load; returns the index of a guard
     that fails, -1 when all hold; the messages are made only then, from the JSON meta) and
     how many checks it holds. A guard repeated for every item of a module list (the same
     check on ``layers[i]`` for each ``i``) is written once, in a loop over those items, so
     the checks grow with the distinct shapes of the layers, not with the layer count. Every
     guard is still evaluated, on the same values: the loop binds ``layers._modules['i']``
-    to a name, and the template reads it where the guard read the path."""
+    to a name, and the template reads it where the guard read the path. ``fail``: what a
+    failing check returns instead of its guard's index (``"False"`` for the full check)."""
     templates: dict[tuple[str, str], list[tuple[int, str]]] = {}
     plain: list[tuple[int, str]] = []
     for index, expr in guards:
@@ -119,12 +123,12 @@ def load_check_body(guards: list[tuple[int, str]]) -> tuple[list[str], int]:
         loops.setdefault((owner, keys), []).append((members[0][0], template))
     plain.sort()
     # parenthesized: a template is unparsed without the guard's own parentheses (``not a and b``)
-    body = [f"    if not ({expr}): return {index}" for index, expr in plain]
+    body = [f"    if not ({expr}): return {fail or index}" for index, expr in plain]
     count = len(plain)
     for (owner, keys), checks in loops.items():
         body.append(f"    for {_KEY} in {keys!r}:")
         body.append(f"        {_ITEM} = {owner}._modules[{_KEY}]")
-        body += [f"        if not ({template}): return {index}" for index, template in checks]
+        body += [f"        if not ({template}): return {fail or index}" for index, template in checks]
         count += len(checks)
     return body, count
 
