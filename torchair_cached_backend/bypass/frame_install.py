@@ -111,8 +111,8 @@ class ReplayingCallback(convert_frame.CatchErrorsWrapper):
     def __init__(self, callback: Any, hooks: Any, options: Any) -> None:
         super().__init__(callback, hooks)
         self._tcb_options = options
-        #: (id(code), id(receiver)) -> (receiver ref, variants, kinds, program): built once per receiver
-        self._tcb_built: dict[tuple[int, int], tuple[Any, list[Any], dict[str, str], dict[str, Any]]] = {}
+        #: (id(function), id(receiver)) -> (receiver ref, variants, kinds, program, function): built once each
+        self._tcb_built: dict[tuple[int, int], tuple[Any, list[Any], dict[str, str], dict[str, Any], Any]] = {}
         self._tcb_compiles = 0
         #: codes with no program when first seen here (a cold start): Dynamo traces them, also their recompiles
         self._tcb_uncached: set[int] = set()
@@ -184,9 +184,9 @@ class ReplayingCallback(convert_frame.CatchErrorsWrapper):
                    code: types.CodeType) -> tuple[list[Any], dict[str, str], dict[str, Any]] | None:
         from .loader import CacheMiss, _reason_kind, build_frame_variants
 
-        memo_key = (id(code), id(receiver))
+        memo_key = (id(func), id(receiver))  # (one wrapper code serves several functions)
         hit = self._tcb_built.get(memo_key)
-        if hit is not None and (hit[0] is None or hit[0]() is receiver):
+        if hit is not None and hit[4] is func and (hit[0] is None or hit[0]() is receiver):
             return hit[1], hit[2], hit[3]
         try:
             variants, program, kinds = build_frame_variants(func, receiver, self._tcb_options)
@@ -202,7 +202,7 @@ class ReplayingCallback(convert_frame.CatchErrorsWrapper):
             ref = None if receiver is None else weakref.ref(receiver)
         except TypeError:
             return None  # a receiver without weak references: Dynamo's path
-        self._tcb_built[memo_key] = (ref, variants, kinds, program)
+        self._tcb_built[memo_key] = (ref, variants, kinds, program, func)
         return variants, kinds, program
 
 
