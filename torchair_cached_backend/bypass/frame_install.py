@@ -31,6 +31,7 @@ its compiled functions.
 from __future__ import annotations
 
 import os
+import sys
 import types
 import weakref
 from collections.abc import Callable
@@ -59,7 +60,7 @@ _MISSING = object()
 _installed = False
 _original_wrapper: Callable[..., Any] | None = None
 #: installs / fallbacks of this process (tests and benchmarks read them)
-counts = {"installed": 0, "eager_root": 0, "fallbacks": 0}
+counts = {"installed": 0, "eager_root": 0, "eager_nested": 0, "fallbacks": 0}
 
 
 def install_route() -> None:
@@ -116,6 +117,8 @@ class ReplayingCallback(convert_frame.CatchErrorsWrapper):
         self._tcb_compiles = 0
         #: codes with no program when first seen here (a cold start): Dynamo traces them, also their recompiles
         self._tcb_uncached: set[int] = set()
+        #: the replayed code objects installed here (kept alive, so their ids stay theirs)
+        self._tcb_codes: dict[int, types.CodeType] = {}
 
     def __call__(self, frame: Any, cache_entry: Any, frame_state: Any) -> ConvertFrameReturn:
         code = frame.f_code
@@ -145,11 +148,11 @@ class ReplayingCallback(convert_frame.CatchErrorsWrapper):
         target = _resolve(code, local, frame.f_globals, getattr(frame, "closure", None))
         if target is None:
             self._tcb_uncached.add(id(code))
-            return None
+            return self._tcb_nested(frame)
         func, receiver = target
         built = self._tcb_build(func, receiver, code)
         if built is None:
-            return None
+            return self._tcb_nested(frame) if id(code) in self._tcb_uncached else None
         variants, kinds, program = built
         if not variants:  # Dynamo skipped this frame at cold start: it runs as Python, its callees replay
             counts["eager_root"] += 1
@@ -175,9 +178,23 @@ class ReplayingCallback(convert_frame.CatchErrorsWrapper):
             self._tcb_compiles += 1
             counts["installed"] += 1
             log.info("npu_cached: backend route replays %s (no tracing)", code.co_qualname)
+            self._tcb_codes[id(installed)] = installed
             compile_id = CompileId(frame_id=-1, frame_compile_id=self._tcb_compiles)
             return wrap_guarded_code(GuardedCode(installed, manager, compile_id, "npu_cached replay"))
         _fallback("backend route: no cached variant fits the call (traced)")
+        return None
+
+    def _tcb_nested(self, frame: Any) -> ConvertFrameReturn | None:
+        """A frame with no program called by replayed code (a config getter the bytecode
+        calls): at cold Dynamo compiled nothing in it (else it would have a program), and
+        ``load()`` runs it as Python; so does this route (not recursively: what it calls
+        may have programs). Anything else with no program is Dynamo's."""
+        caller, depth = sys._getframe(1), 0  # the callback runs on the caller's stack
+        while caller is not None and depth < 8:
+            if id(caller.f_code) in self._tcb_codes and self._tcb_codes[id(caller.f_code)] is caller.f_code:
+                counts["eager_nested"] += 1
+                return _skip(recursive=False)
+            caller, depth = caller.f_back, depth + 1
         return None
 
     def _tcb_build(self, func: types.FunctionType, receiver: Any,
