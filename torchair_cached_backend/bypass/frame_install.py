@@ -117,6 +117,8 @@ class ReplayingCallback(convert_frame.CatchErrorsWrapper):
         self._tcb_compiles = 0
         #: codes with no program when first seen here (a cold start): Dynamo traces them, also their recompiles
         self._tcb_uncached: set[int] = set()
+        #: codes with no program at all (not a stale or unfitting one): may run as Python under a replay
+        self._tcb_absent: set[int] = set()
         #: the replayed code objects installed here (kept alive, so their ids stay theirs)
         self._tcb_codes: dict[int, types.CodeType] = {}
 
@@ -148,11 +150,12 @@ class ReplayingCallback(convert_frame.CatchErrorsWrapper):
         target = _resolve(code, local, frame.f_globals, getattr(frame, "closure", None))
         if target is None:
             self._tcb_uncached.add(id(code))
+            self._tcb_absent.add(id(code))
             return self._tcb_nested(frame)
         func, receiver = target
         built = self._tcb_build(func, receiver, code)
         if built is None:
-            return self._tcb_nested(frame) if id(code) in self._tcb_uncached else None
+            return self._tcb_nested(frame) if id(code) in self._tcb_absent else None
         variants, kinds, program = built
         if not variants:  # Dynamo skipped this frame at cold start: it runs as Python, its callees replay
             counts["eager_root"] += 1
@@ -210,7 +213,9 @@ class ReplayingCallback(convert_frame.CatchErrorsWrapper):
         except CacheMiss as miss:
             text = str(miss)
             self._tcb_uncached.add(id(code))
-            if not text.startswith("no cached program"):  # a plain miss is a cold start, not a fallback
+            if text.startswith("no cached program"):  # a cold start (or code Dynamo compiled nothing in)
+                self._tcb_absent.add(id(code))
+            else:  # a stale or unfitting program: Dynamo traces, a counted fallback
                 record_fallback(_reason_kind(text))
                 counts["fallbacks"] += 1
                 log.info("npu_cached: backend route: %s; tracing it with Dynamo", text)
