@@ -165,14 +165,14 @@ class ReplayingCallback(convert_frame.CatchErrorsWrapper):
         for variant in variants:
             if not no_checks and not _holds(variant.check, code, local):
                 continue
-            if variant.used is not None:
-                variant.note_used()
             installed = _route_code(variant.fn.__code__, variant.fn.__globals__, kinds)
             if not _same_frame_layout(installed, code):
                 continue
             guard = _guard(variant.check, code, func, receiver, options, no_checks)
             if guard is None:
                 continue
+            if variant.used is not None:  # this process replays it: its merges never evict it
+                variant.note_used()
             manager = GuardManagerWrapper()
             manager.global_scope, manager.closure_vars = {"G": frame.f_globals}, {}  # read by Dynamo's recompile log
             manager.root.add_lambda_guard(guard, [f"npu_cached: the cached program's checks of {code.co_qualname} (guards={options.guards!r})"], None)
