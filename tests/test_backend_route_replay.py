@@ -323,3 +323,21 @@ emit({"ok": got == want, "frames": frames(), "installs": installs(), "stats": tc
     assert out["ok"], out
     assert out["frames"] == 0 and out["installs"] >= 1, out
     assert out["stats"]["misses"] == 0, out
+
+
+def test_name_registered_when_dynamo_is_imported_after_the_package() -> None:
+    """``import torchair_cached_backend`` before Dynamo: the name is registered right after Dynamo's
+    backend registry is imported, so ``torch.compile(backend="npu_cached")`` does not run Dynamo's
+    ``_lazy_import`` of every built-in backend (~0.3 s of a warm start)."""
+    out = run_python(r'''
+import sys, torch
+import torchair_cached_backend
+before = "torch._dynamo" in sys.modules
+import torch._dynamo
+from torch._dynamo.backends import registry
+registered = "npu_cached" in registry._BACKENDS
+torch.compile(torch.nn.Linear(2, 2), backend="npu_cached")
+emit({"before": before, "registered": registered, "lazy_imports": registry._lazy_import.cache_info().currsize})
+''')
+    assert out["before"] is False and out["registered"] is True, out
+    assert out["lazy_imports"] == 0, out

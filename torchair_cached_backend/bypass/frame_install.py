@@ -31,6 +31,7 @@ its compiled functions.
 from __future__ import annotations
 
 import os
+import sys
 import types
 import weakref
 from collections.abc import Callable
@@ -59,7 +60,7 @@ _MISSING = object()
 _installed = False
 _original_wrapper: Callable[..., Any] | None = None
 #: installs / fallbacks of this process (tests and benchmarks read them)
-counts = {"installed": 0, "eager_root": 0, "fallbacks": 0}
+counts = {"installed": 0, "eager_root": 0, "eager_nested": 0, "fallbacks": 0}
 
 
 def install_route() -> None:
@@ -111,11 +112,15 @@ class ReplayingCallback(convert_frame.CatchErrorsWrapper):
     def __init__(self, callback: Any, hooks: Any, options: Any) -> None:
         super().__init__(callback, hooks)
         self._tcb_options = options
-        #: (id(code), id(receiver)) -> (receiver ref, variants, kinds, program): built once per receiver
-        self._tcb_built: dict[tuple[int, int], tuple[Any, list[Any], dict[str, str], dict[str, Any]]] = {}
+        #: (id(function), id(receiver)) -> (receiver ref, variants, kinds, program, function): built once each
+        self._tcb_built: dict[tuple[int, int], tuple[Any, list[Any], dict[str, str], dict[str, Any], Any]] = {}
         self._tcb_compiles = 0
         #: codes with no program when first seen here (a cold start): Dynamo traces them, also their recompiles
         self._tcb_uncached: set[int] = set()
+        #: codes with no program at all (not a stale or unfitting one): may run as Python under a replay
+        self._tcb_absent: set[int] = set()
+        #: the replayed code objects installed here (kept alive, so their ids stay theirs)
+        self._tcb_codes: dict[int, types.CodeType] = {}
 
     def __call__(self, frame: Any, cache_entry: Any, frame_state: Any) -> ConvertFrameReturn:
         code = frame.f_code
@@ -145,11 +150,12 @@ class ReplayingCallback(convert_frame.CatchErrorsWrapper):
         target = _resolve(code, local, frame.f_globals, getattr(frame, "closure", None))
         if target is None:
             self._tcb_uncached.add(id(code))
-            return None
+            self._tcb_absent.add(id(code))
+            return self._tcb_nested(frame)
         func, receiver = target
         built = self._tcb_build(func, receiver, code)
         if built is None:
-            return None
+            return self._tcb_nested(frame) if id(code) in self._tcb_absent else None
         variants, kinds, program = built
         if not variants:  # Dynamo skipped this frame at cold start: it runs as Python, its callees replay
             counts["eager_root"] += 1
@@ -159,14 +165,14 @@ class ReplayingCallback(convert_frame.CatchErrorsWrapper):
         for variant in variants:
             if not no_checks and not _holds(variant.check, code, local):
                 continue
-            if variant.used is not None:
-                variant.note_used()
             installed = _route_code(variant.fn.__code__, variant.fn.__globals__, kinds)
             if not _same_frame_layout(installed, code):
                 continue
             guard = _guard(variant.check, code, func, receiver, options, no_checks)
             if guard is None:
                 continue
+            if variant.used is not None:  # this process replays it: its merges never evict it
+                variant.note_used()
             manager = GuardManagerWrapper()
             manager.global_scope, manager.closure_vars = {"G": frame.f_globals}, {}  # read by Dynamo's recompile log
             manager.root.add_lambda_guard(guard, [f"npu_cached: the cached program's checks of {code.co_qualname} (guards={options.guards!r})"], None)
@@ -175,25 +181,41 @@ class ReplayingCallback(convert_frame.CatchErrorsWrapper):
             self._tcb_compiles += 1
             counts["installed"] += 1
             log.info("npu_cached: backend route replays %s (no tracing)", code.co_qualname)
+            self._tcb_codes[id(installed)] = installed
             compile_id = CompileId(frame_id=-1, frame_compile_id=self._tcb_compiles)
             return wrap_guarded_code(GuardedCode(installed, manager, compile_id, "npu_cached replay"))
         _fallback("backend route: no cached variant fits the call (traced)")
+        return None
+
+    def _tcb_nested(self, frame: Any) -> ConvertFrameReturn | None:
+        """A frame with no program called by replayed code (a config getter the bytecode
+        calls): at cold Dynamo compiled nothing in it (else it would have a program), and
+        ``load()`` runs it as Python; so does this route (not recursively: what it calls
+        may have programs). Anything else with no program is Dynamo's."""
+        caller, depth = sys._getframe(1), 0  # the callback runs on the caller's stack
+        while caller is not None and depth < 8:
+            if id(caller.f_code) in self._tcb_codes and self._tcb_codes[id(caller.f_code)] is caller.f_code:
+                counts["eager_nested"] += 1
+                return _skip(recursive=False)
+            caller, depth = caller.f_back, depth + 1
         return None
 
     def _tcb_build(self, func: types.FunctionType, receiver: Any,
                    code: types.CodeType) -> tuple[list[Any], dict[str, str], dict[str, Any]] | None:
         from .loader import CacheMiss, _reason_kind, build_frame_variants
 
-        memo_key = (id(code), id(receiver))
+        memo_key = (id(func), id(receiver))  # (one wrapper code serves several functions)
         hit = self._tcb_built.get(memo_key)
-        if hit is not None and (hit[0] is None or hit[0]() is receiver):
+        if hit is not None and hit[4] is func and (hit[0] is None or hit[0]() is receiver):
             return hit[1], hit[2], hit[3]
         try:
             variants, program, kinds = build_frame_variants(func, receiver, self._tcb_options)
         except CacheMiss as miss:
             text = str(miss)
             self._tcb_uncached.add(id(code))
-            if not text.startswith("no cached program"):  # a plain miss is a cold start, not a fallback
+            if text.startswith("no cached program"):  # a cold start (or code Dynamo compiled nothing in)
+                self._tcb_absent.add(id(code))
+            else:  # a stale or unfitting program: Dynamo traces, a counted fallback
                 record_fallback(_reason_kind(text))
                 counts["fallbacks"] += 1
                 log.info("npu_cached: backend route: %s; tracing it with Dynamo", text)
@@ -202,7 +224,7 @@ class ReplayingCallback(convert_frame.CatchErrorsWrapper):
             ref = None if receiver is None else weakref.ref(receiver)
         except TypeError:
             return None  # a receiver without weak references: Dynamo's path
-        self._tcb_built[memo_key] = (ref, variants, kinds, program)
+        self._tcb_built[memo_key] = (ref, variants, kinds, program, func)
         return variants, kinds, program
 
 
