@@ -224,32 +224,37 @@ CHANGES = {
     "grad_mode_after_install": ("", "torch.set_grad_enabled(True)"),
     "shape_after_install": ("", "X4 = torch.randn(3, 8)"),
     "attribute_after_install_guards_call": ("", "model.scale = 5.0"),
+    # guards not named: the route re-checks every guard per call, as Dynamo does
+    "attribute_after_install_default": ("", "model.scale = 5.0"),
 }
 
 
 @pytest.mark.parametrize("change", list(CHANGES))
 def test_a_change_retraces_with_the_right_answer(plain_cache, change: str) -> None:
     before, after = CHANGES[change]
-    guards = "call" if change.endswith("guards_call") else "load"
+    guards = "call" if change.endswith("guards_call") else None if change.endswith("default") else "load"
+    named = {"guards": guards} if guards else {}
     out = run_python(PRELUDE + f'''
 root = os.environ["ROOT"]
 model = build(Net)
 torch.set_grad_enabled(False)
 {before}
-fn = compiled(model, os.path.join(root, "net"), options={{"guards": {guards!r}}})
+fn = compiled(model, os.path.join(root, "net"), options={named!r})
 first = close(fn(X4), model(X4))
-frames_first = frames()
+frames_first, installs_first = frames(), installs()
 {after}
 got = fn(X4)
 emit({{"first": first, "frames_first": frames_first, "ok": close(got, model(X4)), "frames": frames(),
-       "installs": installs()}})
+       "installs_first": installs_first, "installs": installs()}})
 ''', env={"ROOT": plain_cache})
     assert out["first"] and out["ok"], out
     if before:  # rejected at install: Dynamo's path from the first call
-        assert out["frames_first"] > 0 and out["installs"] == 0, out
+        assert out["frames_first"] > 0 and out["installs_first"] == 0, out
     else:  # replayed first, then the installed entry's guard fails: Dynamo traces
-        assert out["frames_first"] == 0 and out["installs"] == 1, out
-        assert out["frames"] > 0, out
+        assert out["frames_first"] == 0 and out["installs_first"] == 1, out
+        # the entry's guard failed: Dynamo traced, or another variant that holds (stored by an
+        # earlier case that traced the same change into this shared cache) was installed
+        assert out["frames"] > 0 or out["installs"] > out["installs_first"], out
 
 
 LLAMA = r'''

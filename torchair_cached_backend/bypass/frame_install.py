@@ -15,7 +15,8 @@ path (trace + graph cache), which is always safe:
   grad mode, another instance): Dynamo calls back, another variant is installed
   or Dynamo traces.
 
-The guard of an entry is, per ``guards=``: ``"load"`` - the frame's load-time
+The guard of an entry is, per ``guards=`` (on this route ``"call"`` unless the user
+names it, since Dynamo re-checks its guards on every call): ``"load"`` - the frame's load-time
 checks evaluated once at install for this receiver, then per call the receiver's
 identity (a weak reference) and the per-call checks; ``"call"`` - every recorded
 check on every call (any receiver); ``"none"`` - no recorded check (torchair's
@@ -30,6 +31,7 @@ its compiled functions.
 
 from __future__ import annotations
 
+import copy
 import os
 import sys
 import types
@@ -95,9 +97,31 @@ def _route_options(callback: Any) -> Any:
         fn = getattr(fn, "compiler_fn", None) or getattr(fn, "__wrapped__", None)
         seen += 1
     try:
-        return _backend_options(compiler_fn)
+        options = _backend_options(compiler_fn)
     except Exception:
         return None
+    if options is not None and options.guards == "load" and not _guards_chosen(compiler_fn):
+        options = copy.copy(options)
+        options.guards = "call"  # torch.compile's promise: what Dynamo would re-check per call is re-checked
+    return options
+
+
+def _guards_chosen(compiler_fn: Any) -> bool:
+    """Whether the user named ``guards`` in ``torch.compile(..., options=...)`` (or passed
+    parsed options). Unnamed, the backend route checks every recorded guard on every call,
+    as Dynamo's own guards do: a module attribute changed between two calls retraces
+    instead of replaying the old graph. ``guards="load"`` is the faster, ``load()``-like
+    choice for code that does not mutate module state between calls."""
+    fn, seen = compiler_fn, 0
+    while fn is not None and seen < 8:
+        if type(getattr(fn, "options", None)).__name__ == "BackendOptions":
+            return True
+        kwargs = getattr(fn, "kwargs", None)
+        if isinstance(kwargs, dict) and "guards" in (kwargs.get("options") or {}):
+            return True
+        fn = getattr(fn, "compiler_fn", None) or getattr(fn, "__wrapped__", None)
+        seen += 1
+    return False
 
 
 def _skip(recursive: bool) -> ConvertFrameReturn:
