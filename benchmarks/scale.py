@@ -43,6 +43,7 @@ import time
 
 T_START = time.perf_counter()
 HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
 
 #: name -> Llama config: layers, hidden, heads, kv heads (GQA 4:1), MLP width, vocab
 SIZES: dict[str, dict[str, int]] = {
@@ -249,6 +250,8 @@ def _spawn(action: str, compiler: str | None, cfg: dict, inductor_dir: str, time
 
     os.makedirs(inductor_dir, exist_ok=True)
     env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=inductor_dir, **CHILD_ENV, **(extra_env or {}))
+    # measure this checkout's package, not whatever the venv has installed (an editable install of another tree)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH")) if p)
     env.pop("PYTHONDONTWRITEBYTECODE", None)  # as an installed package: .pyc files present
     if "TCB_PROFILE" not in (extra_env or {}):
         env.pop("TCB_PROFILE", None)
