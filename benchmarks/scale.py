@@ -442,8 +442,8 @@ def _fmt(v, digits: int = 3) -> str:
     if isinstance(v, bool):
         return "yes" if v else "no"
     if isinstance(v, float):
-        if abs(v) >= 100:
-            return f"{v:.0f}"
+        if abs(v) >= 100 or digits == 0:
+            return f"{v:.0f}".replace("-0", "0") if round(v) == 0 else f"{v:.0f}"
         return f"{v:.{digits}f}".rstrip("0").rstrip(".") if v else "0"
     return str(v)
 
