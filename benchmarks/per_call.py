@@ -124,6 +124,10 @@ def _dynamo_direct(model: Any) -> Callable[..., Any] | None:
     return None
 
 
+def _noop(*args: Any, **kwargs: Any) -> None:
+    return None
+
+
 def _time_alone(fn: Callable[..., Any], args: tuple, kwargs: dict, n: int = 2000) -> float:
     """µs of thread CPU time per call of ``fn`` (best of 5 batches): a per-call check's own cost,
     small enough to be lost in the noise of a whole call on a loaded machine."""
@@ -193,6 +197,16 @@ def _variants(model_name: str, size: str, cache_dir: str, compiler: str) -> tupl
     V = {k: f for k, f in V.items() if f is not None}
     facts["check_us"] = {name: _time_alone(fn._variants[0].check, (*fn._prefix, *args), kw)
                          for name, fn in (("ours_check_on", on), ("ours_guards_call", every))}
+    # everything our call adds around the replayed code: the same call with the variant's function
+    # swapped for a no-op (wrapper + dispatch + check), exactly, where a whole call's noise hides it
+    facts["wrapper_us"] = {}
+    for name, fn in (("ours_check_on", on), ("ours_check_off", off), ("ours_guards_call", every)):
+        variant = fn._variants[0]
+        real, variant.fn = variant.fn, _noop
+        try:
+            facts["wrapper_us"][name] = _time_alone(fn, args, kw)
+        finally:
+            variant.fn = real
     ref = _as_tensor(m_eager(*args, **kw))
     diffs = {}
     for k, f in V.items():
@@ -345,6 +359,9 @@ def render_markdown(doc: dict) -> str:
             + (f"; compiled graphs per call: {r['facts']['graphs_per_call']}" if "graphs_per_call" in r["facts"] else "")
             + ("; the per-call check alone (µs, thread CPU time, best of 5 x 2000): "
                + ", ".join(f"{k} {v:.2f}" for k, v in r["facts"]["check_us"].items()) if "check_us" in r["facts"] else "")
+            + ("; everything our call adds around the replayed code (the call with a no-op in place of the replayed "
+               "function, µs): " + ", ".join(f"{k} {v:.2f}" for k, v in r["facts"]["wrapper_us"].items())
+               if "wrapper_us" in r["facts"] else "")
         )
     return "\n".join(lines) + "\n"
 
@@ -393,6 +410,8 @@ def main(argv: list[str] | None = None) -> int:
     machine = machine_info()
     work = tempfile.mkdtemp(prefix="tcb_per_call_")
     env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=os.path.join(work, "inductor"), **ENV)
+    # measure this checkout's package, not whatever the venv has installed (an editable install of another tree)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (os.path.dirname(HERE), os.environ.get("PYTHONPATH")) if p)
     env.pop("PYTHONDONTWRITEBYTECODE", None)  # as installed: .pyc files present
     me = os.path.abspath(__file__)
     results, targets = [], []

@@ -43,6 +43,7 @@ import time
 
 T_START = time.perf_counter()
 HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
 
 #: name -> Llama config: layers, hidden, heads, kv heads (GQA 4:1), MLP width, vocab
 SIZES: dict[str, dict[str, int]] = {
@@ -249,6 +250,8 @@ def _spawn(action: str, compiler: str | None, cfg: dict, inductor_dir: str, time
 
     os.makedirs(inductor_dir, exist_ok=True)
     env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=inductor_dir, **CHILD_ENV, **(extra_env or {}))
+    # measure this checkout's package, not whatever the venv has installed (an editable install of another tree)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH")) if p)
     env.pop("PYTHONDONTWRITEBYTECODE", None)  # as an installed package: .pyc files present
     if "TCB_PROFILE" not in (extra_env or {}):
         env.pop("TCB_PROFILE", None)
@@ -419,6 +422,14 @@ def aggregate(rows: list[dict], sizes: list[str], dtypes: list[str], modes: list
                     "profile": (prof or {}).get("profile"),
                     "loadavg": [r["loadavg"][0] for r in runs],
                 }
+                # per repetition against the eager process of the same repetition (adjacent in time, so a
+                # neighbour's load hits both alike), then the median: steadier than a ratio of medians
+                eager_by_rep = {r["rep"]: r["first_call_s"] for r in eager_ok}
+                paired = [r["first_call_s"] / eager_by_rep[r["rep"]] for r in ok if r["rep"] in eager_by_rep]
+                s["first_call_over_eager_paired"] = _stats(paired)
+                # the start-up cost against this process's own steady prefill (seconds apart, same process):
+                # what compiling / loading added to the first call, the figure least moved by a neighbour
+                s["startup_s"] = _stats([r["first_call_s"] - r["prefill_ms"] / 1e3 for r in ok if r["prefill_ms"]])
                 if s["peak_rss_mb"] and eager_rss:
                     s["rss_over_eager_mb"] = s["peak_rss_mb"]["median"] - eager_rss["median"]
                 out.append(s)
@@ -434,8 +445,8 @@ def _fmt(v, digits: int = 3) -> str:
     if isinstance(v, bool):
         return "yes" if v else "no"
     if isinstance(v, float):
-        if abs(v) >= 100:
-            return f"{v:.0f}"
+        if abs(v) >= 100 or digits == 0:
+            return f"{v:.0f}".replace("-0", "0") if round(v) == 0 else f"{v:.0f}"
         return f"{v:.{digits}f}".rstrip("0").rstrip(".") if v else "0"
     return str(v)
 
@@ -465,7 +476,11 @@ def render_markdown(doc: dict) -> str:
         "",
         "Each cell: median over fresh processes (min–max); n = processes. First call = model built -> the "
         "prefill's output (compile or load + the 128-token prefill: a fresh server's time to first token); "
-        "the cold rows are one process each (they fill the caches the warm rows read). First decode = the first "
+        "the cold rows are one process each (they fill the caches the warm rows read). × eager = ratio of the "
+        "medians; × eager, paired = the median over repetitions of first call / the same repetition's eager "
+        "first call; start-up = first call minus the same process's steady prefill (seconds apart: what "
+        "compiling or loading added, the figure a loaded machine moves least). "
+        "First decode = the first "
         "one-token call (loads / compiles the decode graph). Per token / prefill = steady state. RSS = the "
         "child's peak ru_maxrss; Δ eager = its median minus eager's.",
         "",
@@ -482,9 +497,9 @@ def render_markdown(doc: dict) -> str:
                 f"## {size} {dtype}: {params / 1e6:.0f}M parameters ({sz['layers']} layers, d={sz['hidden']}, "
                 f"vocab {sz['vocab']})" if params else f"## {size} {dtype}",
                 "",
-                "| mode | n | first call s | × eager | first decode s | per token ms | prefill ms | peak RSS MB | "
+                "| mode | n | first call s | × eager | × eager, paired | start-up s | first decode s | per token ms | prefill ms | peak RSS MB | "
                 "Δ eager MB | cache on disk MB | tokens = eager | Dynamo frames | crashes |",
-                "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+                "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
             ]
             e_first = eager["first_call_s"]["median"] if eager and eager["first_call_s"] else None
             for r in rows:
@@ -496,6 +511,7 @@ def render_markdown(doc: dict) -> str:
                 crash = f"{r['crashes']}/{r['runs']}" if r["crashes"] else "0"
                 lines.append(
                     f"| {r['mode']} | {r['runs'] - r['crashes']} | {_cell(f)} | {_fmt(ratio, 2)} | "
+                    f"{_cell(r.get('first_call_over_eager_paired'), 1, 2)} | {_cell(r.get('startup_s'))} | "
                     f"{_cell(r['first_decode_s'])} | {_cell(r['per_token_ms'], 1, 1)} | {_cell(r['prefill_ms'], 1, 0)} | "
                     f"{_cell(r['peak_rss_mb'], 1, 0)} | {_fmt(r.get('rss_over_eager_mb'), 0)} | "
                     f"{'–' if r['mode'] == 'eager' else _mb(disk)} | {_fmt(r['tokens_equal_eager'])} | "
