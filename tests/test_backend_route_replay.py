@@ -140,7 +140,10 @@ emit(res)
 ''', env={"ROOT": plain_cache})
     assert out["net"] and out["broken"] and out["loop"], out
     assert out["frames"] == 0, out  # no Dynamo frame traced
-    assert out["installs"] == 5 and out["loads"] >= 5, out  # net, broken, and each of loop's 3 blocks
+    # net, broken, and loop's 3 blocks: with every check per call (guards not named) one entry
+    # serves the three blocks (no receiver is fixed), so 3 installs and 4 programs built (the
+    # loop's root runs as Python; its block's program once)
+    assert out["installs"] == 3 and out["loads"] == 4, out
     assert out["stats"]["misses"] == 0 and out["stats"]["fallbacks"] == 0, out
 
 
