@@ -130,6 +130,20 @@ def test_a_codegen_variable_still_misses(caches, env):
     assert changed and not any(changed)
 
 
+def test_the_variables_every_warm_start_sets_are_classified_without_parsing(monkeypatch):
+    """TORCHINDUCTOR_VEC_ISA_OK (set by benchmarks, launch scripts and every test child) and
+    the cache dir are decided by table, as the parse of Inductor's config decides them: a warm
+    start with only those set never pays for the parse (~0.1 s)."""
+    parsed = {name: inductor_env.affects_codegen(name) for name in inductor_env.CODEGEN_ALWAYS}
+    feeds, prefixes, ignored = inductor_env._classification()
+    for name in inductor_env.CODEGEN_ALWAYS:  # the table agrees with what the config modules say
+        assert parsed[name] and feeds.get(name), name
+        assert not all(inductor_env._entry_ignored(e, prefixes, ignored) for e in feeds[name]), name
+    monkeypatch.setattr(inductor_env, "_classification", lambda: pytest.fail("parsed Inductor's config"))
+    env = {"TORCHINDUCTOR_VEC_ISA_OK": "1", "TORCHINDUCTOR_CACHE_DIR": "/tmp/x"}
+    assert inductor_env.codegen_env(env) == {"TORCHINDUCTOR_VEC_ISA_OK": "1"}
+
+
 def test_split_is_read_from_inductor_config():
     """Derived from Inductor's config module: compile workers, cache toggles and worker start
     leave the key; codegen options, the ISA probe shortcut and unknown variables stay."""

@@ -14,8 +14,8 @@ Variables read outside the config modules are keyed unless listed in
 :data:`NOT_CODEGEN_ELSEWHERE` with the reason. ``TORCHINDUCTOR_VEC_ISA_OK`` stays
 keyed on purpose: it decides which vector ISA the kernels are built for (``0``
 disables vectorization, ``1`` skips the probe that can reject an ISA). Parsing
-happens only in a process where some ``TORCHINDUCTOR_*`` variable is set
-(~10 ms, once).
+happens only in a process where a ``TORCHINDUCTOR_*`` variable outside those two
+tables is set (once; ~0.1 s on a busy 2-core machine, paid by such a warm start).
 """
 
 from __future__ import annotations
@@ -138,10 +138,19 @@ def _entry_ignored(entry: str, prefixes: tuple[str, ...], ignored: frozenset[str
     return entry in ignored or any(entry.startswith(p) for p in prefixes)
 
 
+#: variables keyed whatever the config modules say, decided without parsing them (the parse costs
+#: ~0.1 s on a busy 2-core machine; benchmarks and launch scripts commonly set these)
+CODEGEN_ALWAYS: dict[str, str] = {
+    "TORCHINDUCTOR_VEC_ISA_OK": "which vector ISA the kernels are built for (codecache/cpu_vec_isa.py)",
+}
+
+
 def affects_codegen(name: str) -> bool:
     """Whether ``TORCHINDUCTOR_<...>`` variable ``name`` may change generated code (unknown: yes)."""
     if name in NOT_CODEGEN_ELSEWHERE:
         return False
+    if name in CODEGEN_ALWAYS:
+        return True
     feeds, prefixes, ignored = _classification()
     entries = feeds.get(name)
     if not entries:
