@@ -33,6 +33,7 @@ import torch
 from .. import code_codec
 from ..cached_graph import CachedGraph
 from ..logs import log
+from .code_names import global_names, renamed
 from .guard_capture import capture_frame_guards, receiver_ref
 from .guard_runtime import receiver_value
 from .program import (
@@ -192,14 +193,6 @@ def _find_output(code: types.CodeType) -> Any:
     return None
 
 
-def _names(code: types.CodeType) -> set[str]:
-    names = set(code.co_names)
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            names |= _names(const)
-    return names
-
-
 def _our_graph(value: Any) -> CachedGraph | None:
     seen = 0
     while value is not None and seen < 8:
@@ -222,7 +215,7 @@ def _on_bytecode(code: types.CodeType, out_code: types.CodeType) -> None:
 def _dynamo_globals(out_code: types.CodeType, output: Any) -> list[str]:
     """Globals Dynamo installed that the transformed code or the guards refer to."""
     installed = set(getattr(output, "installed_globals", ()) or ())
-    referenced = _names(out_code)
+    referenced = global_names(out_code)
     for guard in output.guards or ():
         referenced.update(re.findall(r"G\[['\"]([A-Za-z_][A-Za-z0-9_]*)['\"]\]", guard.name or ""))
     return sorted(n for n in referenced if n in installed or n.startswith(DYNAMO_PREFIXES) or _BY_ID.search(n))
@@ -515,11 +508,6 @@ def _receiver_passed(receiver: str | None, resume: types.CodeType) -> bool:
     return name in resume.co_varnames[: resume.co_argcount]
 
 
-def _rename_code(code: types.CodeType, rename: dict[str, str]) -> types.CodeType:
-    consts = tuple(_rename_code(c, rename) if isinstance(c, types.CodeType) else c for c in code.co_consts)
-    return code.replace(co_names=tuple(rename.get(n, n) for n in code.co_names), co_consts=consts)
-
-
 def _add_frame(
     builder: ProgramBuilder,
     code: types.CodeType,
@@ -567,8 +555,8 @@ def _add_frame(
                 f"{item['qualname']} ({item['file']}) was traced but cannot be found again by name to check it for "
                 "edits (define it at module or class level)"
             )
-    renamed = _rename_code(out_code, rename)
-    code_blob = code_codec.dumps_code(renamed)
+    renamed_code = renamed(out_code, rename)
+    code_blob = code_codec.dumps_code(renamed_code)
     frame = {
         "co_name": out_code.co_name,
         "globals": descs,
@@ -578,7 +566,7 @@ def _add_frame(
     }
     if wrapper is not None:
         frame["wrapper"] = wrapper
-    fid = _digest([code_codec.code_fingerprint(renamed), descs, resume_of, traced, guards.digest, guards.consts,
+    fid = _digest([code_codec.code_fingerprint(renamed_code), descs, resume_of, traced, guards.digest, guards.consts,
                    frame["unsupported"], wrapper])[:20]
     builder.files[f"{fid}.code"] = code_blob
     guards_blob = None

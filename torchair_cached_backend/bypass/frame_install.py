@@ -50,6 +50,7 @@ from torch.nn.modules import module as nn_module
 
 from ..logs import log
 from ..stats import record_fallback
+from .code_names import global_names, renamed
 from .guard_codegen import call_args
 from .replay import ResumeFactory, ResumeRouter
 
@@ -356,7 +357,7 @@ def _route_code(code: types.CodeType, scope: dict[str, Any], kinds: dict[str, st
     """The replayed bytecode with the globals it calls (graphs, splits, continuations,
     callees) renamed to Dynamo-disabled versions of themselves, installed beside them."""
     rename: dict[str, str] = {}
-    for name in _all_names(code):
+    for name in global_names(code):
         if kinds.get(name) not in _CALLED_KINDS or name not in scope:
             continue
         ours = name + _ROUTE_SUFFIX
@@ -366,7 +367,7 @@ def _route_code(code: types.CodeType, scope: dict[str, Any], kinds: dict[str, st
             current = _disabled(value)
             scope[ours] = current
         rename[name] = ours
-    return _renamed(code, rename) if rename else code
+    return renamed(code, rename) if rename else code
 
 
 def _disabled(value: Any) -> Any:
@@ -391,14 +392,3 @@ class _DisabledFactory:
         return torch._dynamo.disable(self.factory(cells), reason="npu_cached replayed continuation")
 
 
-def _all_names(code: types.CodeType) -> set[str]:
-    names = set(code.co_names)
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            names |= _all_names(const)
-    return names
-
-
-def _renamed(code: types.CodeType, rename: dict[str, str]) -> types.CodeType:
-    consts = tuple(_renamed(c, rename) if isinstance(c, types.CodeType) else c for c in code.co_consts)
-    return code.replace(co_names=tuple(rename.get(n, n) for n in code.co_names), co_consts=consts)

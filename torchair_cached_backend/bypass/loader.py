@@ -32,6 +32,7 @@ from ..compilers import get_compiler
 from ..logs import log, warn_once
 from ..options import BackendOptions, parse_options
 from ..stats import record, record_fallback
+from .code_names import renamed
 from .dynamo_stub import module_for
 from .guard_runtime import CHECKS_FORMAT, GuardChecks, build_checks, receiver_locals
 from .program import PROGRAM_FORMAT, program_key, program_store, target_identity
@@ -88,22 +89,12 @@ def build_replay(
     t0 = time.perf_counter()
     target = module_call_target(target)
     func, bound_self = resolve_target(target)
-    code = func.__code__
+    key, files, program, name = _cached_program(func, bound_self, options)
     compiler_name = options.resolved_compiler()
-    identity = target_identity(func, bound_self)
-    name = getattr(func, "__qualname__", None) or identity["qualname"]  # a decorated forward keeps its own name
-    key = program_key(identity, code_codec.code_fingerprint(code), compiler_name, options)
-    store = program_store(options.cache_dir)
-    entry = store.load(key)
-    if entry is None:
-        raise CacheMiss(_why_missing(store, identity, key, code, compiler_name, options.cache_dir, name))
-    program = entry.manifest.get("program") or {}
-    if program.get("format") != PROGRAM_FORMAT:
-        raise CacheMiss(f"cached program for {name} has another format (written by another version)")
     if options.guards == "none":
         warn_once("guards-none", "npu_cached: guards='none': warm starts replay without checking what Dynamo "
                   "specialized on (torchair's behaviour); a changed model or input is not detected")
-    builder = _ReplayBuilder(entry.files, program, options, func, bound_self, key)
+    builder = _ReplayBuilder(files, program, options, func, bound_self, key)
     variants: list[Variant] = []
     rejected: list[str] = []
     for variant in reversed(program.get("variants", [])):  # newest first, as Dynamo's cache
@@ -141,6 +132,26 @@ def build_replay(
     log.info("npu_cached bypass load %s (%s, %d of %d variant(s)) in %.3fs", name, compiler_name,
              len(variants), len(program.get("variants", [])), dt)
     return replay
+
+
+def _cached_program(
+    func: types.FunctionType, bound_self: Any, options: BackendOptions
+) -> tuple[str, dict[str, bytes], dict[str, Any], str]:
+    """``(key, files, program, name)`` of the program cached for ``func`` bound to
+    ``bound_self``, or :class:`CacheMiss` saying why (none stored, another format)."""
+    code = func.__code__
+    compiler_name = options.resolved_compiler()
+    identity = target_identity(func, bound_self)
+    name = getattr(func, "__qualname__", None) or identity["qualname"]  # a decorated forward keeps its own name
+    key = program_key(identity, code_codec.code_fingerprint(code), compiler_name, options)
+    store = program_store(options.cache_dir)
+    entry = store.load(key)
+    if entry is None:
+        raise CacheMiss(_why_missing(store, identity, key, code, compiler_name, options.cache_dir, name))
+    program = entry.manifest.get("program") or {}
+    if program.get("format") != PROGRAM_FORMAT:
+        raise CacheMiss(f"cached program for {name} has another format (written by another version)")
+    return key, entry.files, program, name
 
 
 def _install_callees(bound_self: Any, callees: list[dict[str, str]], options: BackendOptions, name: str) -> None:
@@ -245,11 +256,6 @@ class _Site:
         self.__code__ = types.SimpleNamespace(co_freevars=freevars)
 
 
-def _renamed(code: types.CodeType, rename: dict[str, str]) -> types.CodeType:
-    consts = tuple(_renamed(c, rename) if isinstance(c, types.CodeType) else c for c in code.co_consts)
-    return code.replace(co_names=tuple(rename.get(n, n) for n in code.co_names), co_consts=consts)
-
-
 def _without_receiver(fn: Callable[..., Any]) -> Callable[..., Any]:
     def call(receiver: Any, *args: Any, **kwargs: Any) -> Any:
         return fn(*args, **kwargs)
@@ -304,7 +310,7 @@ class _ReplayBuilder:
 
     def _code(self, blob: str) -> types.CodeType:
         code = code_codec.loads_code(self.files[blob], verified=True)  # the store checked its sha256
-        return _renamed(code, self.renames) if self.renames else code
+        return renamed(code, self.renames) if self.renames else code
 
     # -- variants -------------------------------------------------------
     def variant(self, variant: dict[str, Any]) -> Variant:
@@ -667,19 +673,8 @@ def build_frame_variants(
     the kind of every global its frames read. An empty list with ``program["eager_root"]``: the
     frame runs as Python. Raises :class:`CacheMiss` saying why."""
     t0 = time.perf_counter()
-    code = func.__code__
-    compiler_name = options.resolved_compiler()
-    identity = target_identity(func, bound_self)
-    name = getattr(func, "__qualname__", None) or identity["qualname"]
-    key = program_key(identity, code_codec.code_fingerprint(code), compiler_name, options)
-    store = program_store(options.cache_dir)
-    entry = store.load(key)
-    if entry is None:
-        raise CacheMiss(_why_missing(store, identity, key, code, compiler_name, options.cache_dir, name))
-    program = entry.manifest.get("program") or {}
-    if program.get("format") != PROGRAM_FORMAT:
-        raise CacheMiss(f"cached program for {name} has another format (written by another version)")
-    builder = _ReplayBuilder(entry.files, program, options, func, bound_self, key)
+    key, files, program, name = _cached_program(func, bound_self, options)
+    builder = _ReplayBuilder(files, program, options, func, bound_self, key)
     variants, rejected = [], []
     for variant in reversed(program.get("variants", [])):
         if (builder.frames.get(variant.get("root")) or {}).get("wrapper"):
