@@ -13,12 +13,25 @@ from collections.abc import Callable
 RESULT_TAG = "RESULT "
 
 
+#: the checkout these scripts belong to: its package is the one a child measures
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def child_environ(inductor_dir: str, child_env: dict[str, str]) -> dict[str, str]:
+    """A child's environment: its own Inductor cache dir, ``child_env``, this checkout's
+    package first on the path (not whatever the venv has installed, e.g. an editable
+    install of another tree), and .pyc files used as by an installed package."""
+    os.makedirs(inductor_dir, exist_ok=True)
+    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=inductor_dir, **child_env)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH")) if p)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    return env
+
+
 def spawn(script: str, args: list[str], inductor_dir: str, timeout: float, child_env: dict[str, str]) -> dict:
     """Run ``script --child *args`` in a fresh interpreter with its own Inductor cache
     dir; the result dict it printed, or ``{"error": ...}``. Never raises."""
-    os.makedirs(inductor_dir, exist_ok=True)
-    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=inductor_dir, **child_env)
-    env.pop("PYTHONDONTWRITEBYTECODE", None)  # as an installed package, children use .pyc files
+    env = child_environ(inductor_dir, child_env)
     cmd = [sys.executable, os.path.abspath(script), "--child", *args]
     try:
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
@@ -36,12 +49,17 @@ def report(result: dict) -> None:
     print(RESULT_TAG + json.dumps(result), flush=True)
 
 
-def write_outputs(doc: dict, out: str, render: Callable[[dict], str]) -> None:
-    """``out`` (JSON) and the markdown beside it."""
+def write_outputs(
+    doc: dict, out: str, render: Callable[[dict], str], png: Callable[[dict, str], str | None] | None = None
+) -> None:
+    """``out`` (JSON), the markdown beside it and, with ``png``, a plot (``png`` returns
+    a note instead when it cannot draw one)."""
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     with open(out, "w") as f:
         json.dump(doc, f, indent=1)
-    md = os.path.splitext(out)[0] + ".md"
-    with open(md, "w") as f:
+    base = os.path.splitext(out)[0]
+    with open(base + ".md", "w") as f:
         f.write(render(doc))
-    print(f"wrote {out}, {md}")
+    note = png(doc, base + ".png") if png else None
+    plot = f", {base}.png" if png and note is None else ""
+    print(f"wrote {out}, {base}.md{plot}" + (f"; {note}" if note else ""), flush=True)

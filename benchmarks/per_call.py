@@ -409,10 +409,7 @@ def main(argv: list[str] | None = None) -> int:
 
     machine = machine_info()
     work = tempfile.mkdtemp(prefix="tcb_per_call_")
-    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=os.path.join(work, "inductor"), **ENV)
-    # measure this checkout's package, not whatever the venv has installed (an editable install of another tree)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (os.path.dirname(HERE), os.environ.get("PYTHONPATH")) if p)
-    env.pop("PYTHONDONTWRITEBYTECODE", None)  # as installed: .pyc files present
+    env = harness.child_environ(os.path.join(work, "inductor"), ENV)
     me = os.path.abspath(__file__)
     results, targets = [], []
     try:

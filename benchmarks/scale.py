@@ -41,6 +41,8 @@ import os
 import sys
 import time
 
+import harness
+
 T_START = time.perf_counter()
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -248,11 +250,7 @@ def _spawn(action: str, compiler: str | None, cfg: dict, inductor_dir: str, time
     """One child; its result dict (plus wall time and ``tcb profile`` stderr lines) or {"error": ...}."""
     import subprocess
 
-    os.makedirs(inductor_dir, exist_ok=True)
-    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=inductor_dir, **CHILD_ENV, **(extra_env or {}))
-    # measure this checkout's package, not whatever the venv has installed (an editable install of another tree)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH")) if p)
-    env.pop("PYTHONDONTWRITEBYTECODE", None)  # as an installed package: .pyc files present
+    env = harness.child_environ(inductor_dir, {**CHILD_ENV, **(extra_env or {})})
     if "TCB_PROFILE" not in (extra_env or {}):
         env.pop("TCB_PROFILE", None)
     cmd = [sys.executable, os.path.abspath(__file__), "--child", action, compiler or "-", json.dumps(cfg)]
@@ -602,14 +600,7 @@ def render_png(doc: dict, path: str) -> str | None:
 
 
 def write_outputs(doc: dict, out: str) -> None:
-    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-    with open(out, "w") as f:
-        json.dump(doc, f, indent=1)
-    base = os.path.splitext(out)[0]
-    with open(base + ".md", "w") as f:
-        f.write(render_markdown(doc))
-    note = render_png(doc, base + ".png")
-    print(f"wrote {out}, {base}.md" + (f"; {note}" if note else f", {base}.png"), flush=True)
+    harness.write_outputs(doc, out, render_markdown, render_png)
 
 
 def _collect(work: str, sizes: list[str], dtypes: list[str], modes: list[str]) -> list[dict]:

@@ -21,6 +21,8 @@ import os
 import sys
 import time
 
+import harness
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 RESULT_TAG = "RESULT "
 
@@ -476,14 +478,7 @@ def render_png(doc: dict, path: str) -> str | None:
 
 
 def write_outputs(doc: dict, out: str) -> None:
-    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-    with open(out, "w") as f:
-        json.dump(doc, f, indent=1)
-    base = os.path.splitext(out)[0]
-    with open(base + ".md", "w") as f:
-        f.write(render_markdown(doc))
-    note = render_png(doc, base + ".png")
-    print(f"wrote {out}, {base}.md" + (f"; {note}" if note else f", {base}.png"))
+    harness.write_outputs(doc, out, render_markdown, render_png)
 
 
 def main(argv: list[str] | None = None) -> int:
