@@ -151,7 +151,10 @@ def expected(m, x):
 #: never imported by a warm load + first call with the eager inner compiler
 NOT_ON_THE_WARM_PATH = ("torch._dynamo", "torch._inductor", "torchair_cached_backend.bypass.capture",
                         "torchair_cached_backend.bypass.guard_capture", "torchair_cached_backend.bypass.guard_codegen",
-                        "torchair_cached_backend.bypass.split_graph")
+                        "torchair_cached_backend.bypass.split_graph",
+                        # the write side of the store and the encode side of the codec
+                        "torchair_cached_backend.store_locks", "torchair_cached_backend.store_ledger",
+                        "torchair_cached_backend.code_encode")
 
 
 @pytest.fixture(scope="module")
@@ -233,6 +236,24 @@ def test_nothing_needless_imported_by_a_warm_start(stacks):
     _, warm = stacks
     for n in ("4", "8"):
         assert not set(NOT_ON_THE_WARM_PATH) & set(warm[n]["imported"]), warm[n]["imported"]
+
+
+def test_a_warm_load_imports_only_the_read_side(stacks):
+    # a fresh process without TCB_PROFILE (which imports the load's modules up front): what
+    # the package's import plus one load and call bring in, against what only a compile needs
+    dirs, _ = stacks
+    out = run_python(STACK + textwrap.dedent(f"""
+        before = set(sys.modules)
+        import torchair_cached_backend as tcb
+        m = Stack(4).eval()
+        x = torch.randn(2, 8)
+        with torch.no_grad():
+            ok = bool(torch.allclose(tcb.load(m, {dirs[4]!r}, compiler="eager", fallback=False)(x), expected(m, x)))
+        emit({{"ok": ok, "imported": sorted(set(sys.modules) - before)}})
+        """))
+    assert out["ok"], out
+    assert "torchair_cached_backend.bypass.loader" in out["imported"], out  # the load did happen here
+    assert not set(NOT_ON_THE_WARM_PATH) & set(out["imported"]), out["imported"]
 
 
 def test_older_program_format_is_rebuilt_never_read(stacks):

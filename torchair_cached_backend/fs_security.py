@@ -11,6 +11,11 @@ import errno
 import os
 import stat
 
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - not POSIX
+    fcntl = None  # type: ignore[assignment]
+
 DIR_MODE = 0o700
 FILE_MODE = 0o600
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
@@ -242,3 +247,19 @@ def read_private(path: str, *, root: str) -> bytes:
     check_file(path, root=root)
     with open(path, "rb") as f:
         return f.read()
+
+
+def flock(fd: int, operation: int) -> bool:
+    """flock ``fd``; False only when a non-blocking request finds it held. A
+    filesystem without flock counts as unlocked (never blocks, never fails)."""
+    if fcntl is None:
+        return True
+    try:
+        fcntl.flock(fd, operation)
+    except BlockingIOError:
+        return False
+    except OSError as exc:
+        if exc.errno in (errno.EAGAIN, errno.EWOULDBLOCK):
+            return False
+        return True
+    return True

@@ -22,12 +22,12 @@ import contextlib
 import os
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import fs_security as fs
 from . import store_backend as backend_mod
-from . import store_ledger as ledger
-from . import store_locks as locks
+from .fs_security import fcntl  # noqa: F401
+from .fs_security import flock as _flock  # noqa: F401
 from .logs import log, warn_once
 from .stats import record
 from .store_backend import KILL_STAGES, LocalDir, StorageBackend  # noqa: F401  (re-exported)
@@ -46,8 +46,9 @@ from .store_layout import (  # noqa: F401  (the public names callers import from
     sha256,
     valid_name,
 )
-from .store_locks import fcntl  # noqa: F401
-from .store_locks import flock as _flock  # noqa: F401
+
+if TYPE_CHECKING:
+    from . import store_locks as locks
 
 #: last_used is rewritten at most this often, so hits stay read-only in steady state
 _TOUCH_INTERVAL_S = 3600.0
@@ -283,6 +284,8 @@ class Store:
                 from . import layers
 
                 layers.published(self, key, files, manifest, replace=replace)  # the remote, if any
+                from . import store_ledger as ledger  # the write side: never imported by a warm load
+
                 ledger.add(self.backend, sum(map(len, files.values())) + 4096)  # blobs, manifest and dirs, roughly
                 return final
             except fs.CacheSecurityError:
@@ -382,6 +385,8 @@ class Store:
     def _acquire(self, key: str, timeout: float) -> locks.KeyLock | None:
         if not self.prepare(quiet=True):
             return None  # read-only: the save that follows reports it
+        from . import store_locks as locks  # compiling only: never imported by a warm load
+
         path = self._lock_path(key)
         t0 = time.monotonic()
         try:
@@ -419,6 +424,8 @@ class Store:
         if dfd is None:
             yield True
             return
+        from . import store_locks as locks
+
         try:
             held = locks.try_acquire(dfd, self._lock_name(key))
             try:
@@ -432,7 +439,7 @@ class Store:
     def _drop_lock_file(self, key: str) -> None:
         """Delete the key's lock file if nobody holds it (its entry is gone)."""
         with contextlib.suppress(OSError), self._try_key_lock(key) as held:
-            if isinstance(held, locks.KeyLock):
+            if hasattr(held, "unlink"):  # a KeyLock
                 held.unlink()
 
     # -- remove ---------------------------------------------------------
@@ -478,7 +485,7 @@ class Store:
                 except OSError as exc:
                     self._fault(exc, f"remove the cache entry {self.kind}/{key[:12]}")
                     return False
-                if removed and isinstance(held, locks.KeyLock):
+                if removed and hasattr(held, "unlink"):  # a KeyLock
                     held.unlink()
                 return removed
         finally:

@@ -110,19 +110,18 @@ def _no_constant(name: str) -> Any:
 
 
 def _check_depth(obj: Any, limit: int = MAX_DEPTH) -> None:
-    """Iteratively: no recursion, whatever the document."""
-    stack = [(obj, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, dict):
-            children = item.values()
-        elif isinstance(item, list):
-            children = item
-        else:
-            continue
+    """Iteratively, a level at a time: no recursion, whatever the document."""
+    level = [obj] if isinstance(obj, (dict, list)) else []
+    depth = 0
+    while level:
+        depth += 1
         if depth > limit:
             raise JsonBoundsError(f"nesting deeper than {limit}")
-        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
+        nested = []
+        for item in level:
+            values = item.values() if type(item) is dict else item
+            nested += [v for v in values if isinstance(v, (dict, list))]
+        level = nested
 
 
 def loads_bounded(raw: bytes | str) -> Any:

@@ -14,18 +14,13 @@ holding the lock; an acquirer that finds its file unlinked under it starts over.
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import stat
 import time
 
+from .fs_security import fcntl, flock  # noqa: F401  (flock: re-exported, the primitive lives there)
 from .logs import log
-
-try:
-    import fcntl
-except ImportError:  # pragma: no cover - not POSIX
-    fcntl = None  # type: ignore[assignment]
 
 _O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
@@ -33,22 +28,6 @@ _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 HOLDER_LOG_S = 2.0
 _HOLDER_REPEAT_S = 60.0
 _MAX_HOLDER_BYTES = 4096
-
-
-def flock(fd: int, operation: int) -> bool:
-    """flock ``fd``; False only when a non-blocking request finds it held. A
-    filesystem without flock counts as unlocked (never blocks, never fails)."""
-    if fcntl is None:
-        return True
-    try:
-        fcntl.flock(fd, operation)
-    except BlockingIOError:
-        return False
-    except OSError as exc:
-        if exc.errno in (errno.EAGAIN, errno.EWOULDBLOCK):
-            return False
-        return True
-    return True
 
 
 class KeyLock:
