@@ -349,3 +349,40 @@ emit({"before": before, "registered": registered, "lazy_imports": registry._lazy
 ''')
     assert out["before"] is False and out["registered"] is True, out
     assert out["lazy_imports"] == 0, out
+
+
+def test_a_warm_torch_compile_imports_no_minifier_and_no_aot_autograd(plain_cache) -> None:
+    """Dynamo wraps each backend in its minifier wrapper inside ``torch.compile``; importing
+    it costs ~0.27 s (Dynamo's debugging backends, AOTAutograd). A warm replay compiles no
+    graph, so for ``npu_cached`` it is imported on the first graph only."""
+    out = run_python(PRELUDE + r'''
+model = build(Net)
+with torch.no_grad():
+    fn = compiled(model, os.path.join(os.environ["ROOT"], "net"))
+    got = fn(X4)
+emit({"ok": close(got, model(X4)), "frames": frames(), "installs": installs(),
+      "after_dynamo": "torch._dynamo.repro.after_dynamo" in sys.modules,
+      "aot": "torch._functorch.aot_autograd" in sys.modules,
+      "name": fn._torchdynamo_orig_backend.__name__ if hasattr(fn, "_torchdynamo_orig_backend") else None})
+''', env={"ROOT": plain_cache})
+    assert out["ok"] and out["frames"] == 0 and out["installs"] == 1, out
+    assert not out["after_dynamo"] and not out["aot"], out
+
+
+def test_the_minifier_still_wraps_a_cold_compile(tmp_path) -> None:
+    """With ``repro_after="dynamo"`` (``TORCHDYNAMO_REPRO_AFTER``) the first graph goes through
+    Dynamo's own wrapper, as before: at level 4 it checks the compiled graph's accuracy."""
+    out = run_python(PRELUDE + r'''
+import torch._dynamo.config as dconfig
+dconfig.repro_after, dconfig.repro_level = "dynamo", 4
+from torch._dynamo.repro import after_dynamo
+checked = []
+real = after_dynamo._accuracy_fails
+after_dynamo._accuracy_fails = lambda gm, inputs, fn: checked.append(len(gm.graph.nodes)) or real(gm, inputs, fn)
+model = build(Net)
+with torch.no_grad():
+    got = compiled(model, os.environ["ROOT"])(X4)
+emit({"ok": close(got, model(X4)), "checked": len(checked), "frames": frames()})
+''', env={"ROOT": str(tmp_path)})
+    assert out["ok"] and out["frames"] == 1, out
+    assert out["checked"] == 1, out  # Dynamo's wrapper ran on the graph

@@ -81,6 +81,9 @@ def install_route() -> None:
         return ReplayingCallback(callback, hooks, options)
 
     convert_frame.catch_errors_wrapper = catch_errors_wrapper
+    from .debug_wrapper import install as defer_backend_debug
+
+    defer_backend_debug()  # a warm torch.compile then never imports Dynamo's minifier
     _installed = True
 
 
