@@ -354,7 +354,8 @@ emit({"before": before, "registered": registered, "lazy_imports": registry._lazy
 def test_a_warm_torch_compile_imports_no_minifier_and_no_aot_autograd(plain_cache) -> None:
     """Dynamo wraps each backend in its minifier wrapper inside ``torch.compile``; importing
     it costs ~0.27 s (Dynamo's debugging backends, AOTAutograd). A warm replay compiles no
-    graph, so for ``npu_cached`` it is imported on the first graph only."""
+    graph, so for ``npu_cached`` it is imported on the first graph only; likewise our
+    capture machinery, on the first frame Dynamo transforms."""
     out = run_python(PRELUDE + r'''
 model = build(Net)
 with torch.no_grad():
@@ -363,10 +364,12 @@ with torch.no_grad():
 emit({"ok": close(got, model(X4)), "frames": frames(), "installs": installs(),
       "after_dynamo": "torch._dynamo.repro.after_dynamo" in sys.modules,
       "aot": "torch._functorch.aot_autograd" in sys.modules,
+      "capture": [m for m in ("capture", "guard_capture", "guard_codegen") if "torchair_cached_backend.bypass." + m in sys.modules],
       "name": fn._torchdynamo_orig_backend.__name__ if hasattr(fn, "_torchdynamo_orig_backend") else None})
 ''', env={"ROOT": plain_cache})
     assert out["ok"] and out["frames"] == 0 and out["installs"] == 1, out
     assert not out["after_dynamo"] and not out["aot"], out
+    assert out["capture"] == [], out  # the capture machinery waits for a frame Dynamo transforms
 
 
 def test_the_minifier_still_wraps_a_cold_compile(tmp_path) -> None:

@@ -102,7 +102,7 @@ def _announce(graph: CachedGraph, options: BackendOptions, gm: Any) -> CachedGra
     """Attach what the bypass capture needs and make sure it is listening."""
     graph.options = options
     graph.input_dims = _input_dims(gm)
-    from .bypass.capture import ensure_installed
+    from .bypass.capture_hook import ensure_installed
 
     ensure_installed()
     return graph
@@ -232,7 +232,7 @@ def npu_cached(gm: Any, example_inputs: list[Any], *, options: dict[str, Any] | 
 def make_backend(**options: Any) -> Callable[..., Any]:
     """A backend callable with options bound (validated now, not at first call)."""
     parsed = parse_options(options)
-    from .bypass.capture import ensure_installed
+    from .bypass.capture_hook import ensure_installed
 
     ensure_installed()  # before Dynamo transforms the first frame
 

@@ -30,7 +30,7 @@ def __getattr__(name: str) -> Any:
     bytecode capture: a root frame with no graph of its own (a forward that starts
     with a ``print``) is transformed before any graph reaches the backend."""
     if name == BACKEND_NAME:
-        from .bypass.capture import ensure_installed
+        from .bypass.capture_hook import ensure_installed
 
         ensure_installed()
         return _npu_cached

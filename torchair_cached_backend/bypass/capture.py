@@ -33,6 +33,8 @@ import torch
 from .. import code_codec
 from ..cached_graph import CachedGraph
 from ..logs import log
+from .capture_hook import backend_options as _backend_options
+from .capture_hook import ensure_installed  # noqa: F401  (re-exported)
 from .code_names import global_names, renamed
 from .guard_capture import capture_frame_guards, receiver_ref
 from .guard_runtime import receiver_value
@@ -49,7 +51,6 @@ from .program import (
 from .sources import RESUME_PREFIX, describe_traced, stale_sources, tensor_state
 from .split_graph import Described, describe
 
-_installed = False
 _lock = threading.RLock()
 #: (cache dir, program key) -> builder, for the programs this process is building
 _builders: dict[tuple[str, str], ProgramBuilder] = {}
@@ -68,27 +69,6 @@ _EVAL_FRAME = os.path.join("_dynamo", "eval_frame.py")
 _EXTERNAL_UTILS = os.path.join("_dynamo", "external_utils.py")
 #: bumped on every frame Dynamo transforms, so callers can skip re-checking when nothing compiled
 generation = 0
-
-
-def ensure_installed() -> None:
-    """Install the bytecode hook once per process; turn off Dynamo's runtime
-    overhead recording so transformed code does not call into torch._dynamo."""
-    global _installed
-    if _installed:
-        return
-    with _lock:
-        if _installed:
-            return
-        import torch._dynamo
-        from torch._dynamo.convert_frame import register_bytecode_hook
-
-        if hasattr(torch._dynamo.config, "record_runtime_overhead"):
-            torch._dynamo.config.record_runtime_overhead = False
-        register_bytecode_hook(_on_bytecode)
-        from .frame_install import install_route
-
-        install_route()  # warm frames of npu_cached backends replay from the cache
-        _installed = True
 
 
 class ProgramBuilder:
@@ -203,7 +183,8 @@ def _our_graph(value: Any) -> CachedGraph | None:
     return None
 
 
-def _on_bytecode(code: types.CodeType, out_code: types.CodeType) -> None:
+def on_bytecode(code: types.CodeType, out_code: types.CodeType) -> None:
+    """Dynamo transformed ``code`` (called through ``capture_hook``)."""
     try:
         with _lock:
             _record(code, out_code)
@@ -421,32 +402,6 @@ def _is_receiver(code: types.CodeType, value: Any, scope: dict[str, Any]) -> boo
         if attr is not None and getattr(getattr(attr, "__func__", attr), "__code__", None) is code:
             return not isinstance(attr, staticmethod)
     return True  # not found by name (e.g. assigned under another name): as before
-
-
-def _backend_options(compiler_fn: Any) -> Any:
-    """The parsed options of the ``npu_cached`` backend behind Dynamo's compiler_fn
-    (its debug wrapper, ``torch.compile``'s kwargs wrapper, ``make_backend``), else None."""
-    from ..backend import apply_mode
-    from ..options import parse_options
-    from ..registry import BACKEND_NAME
-
-    kwargs: dict[str, Any] = {}
-    fn, seen = compiler_fn, 0
-    while fn is not None and seen < 8:
-        bound = getattr(fn, "options", None)
-        if bound is not None and type(bound).__name__ == "BackendOptions":
-            return bound
-        if isinstance(getattr(fn, "kwargs", None), dict):
-            kwargs = {**fn.kwargs, **kwargs}
-        if getattr(fn, "__name__", None) == BACKEND_NAME and getattr(fn, "__module__", "").startswith(
-                "torchair_cached_backend"):
-            try:
-                return apply_mode(parse_options(kwargs.get("options")), kwargs.get("mode"))
-            except Exception:
-                return None
-        fn = getattr(fn, "compiler_fn", None) or getattr(fn, "__wrapped__", None)
-        seen += 1
-    return None
 
 
 def _digest(obj: Any) -> str:

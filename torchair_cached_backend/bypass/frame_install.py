@@ -51,8 +51,8 @@ from torch.nn.modules import module as nn_module
 from ..logs import log
 from ..stats import record_fallback
 from .code_names import global_names, renamed
-from .guard_codegen import call_args
 from .replay import ResumeFactory, ResumeRouter
+from .signature import call_args
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
@@ -89,7 +89,7 @@ def install_route() -> None:
 
 def _route_options(callback: Any) -> Any:
     """The options of the ``npu_cached`` backend behind a ConvertFrame, else None."""
-    from .capture import _backend_options
+    from .capture_hook import backend_options as _backend_options
 
     compiler_fn = getattr(callback, "_torchdynamo_orig_backend", None)
     if compiler_fn is None:

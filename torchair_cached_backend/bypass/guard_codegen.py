@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 from .. import code_codec
 from .guard_runtime import CHECKS_FORMAT, HELPERS, decode_const, receiver_value
+from .signature import call_args
 
 
 class GuardTable(Protocol):
@@ -193,20 +194,6 @@ def builder_param(builder: GuardTable, expr: str) -> str:
         raise Unsupported(f"guard reads frame local {name!r}")
 
     return LOCAL_RE.sub(local, expr)
-
-
-def call_args(code: types.CodeType, local: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
-    """Positional and keyword arguments that re-bind a frame's locals to its parameters."""
-    n = code.co_argcount
-    pos = [local[name] for name in code.co_varnames[:n]]
-    i = n + code.co_kwonlyargcount
-    kwargs = {name: local[name] for name in code.co_varnames[n:i]}
-    if code.co_flags & 0x04:
-        pos.extend(local[code.co_varnames[i]])
-        i += 1
-    if code.co_flags & 0x08:
-        kwargs.update(local[code.co_varnames[i]])
-    return pos, kwargs
 
 
 def self_test(
