@@ -370,3 +370,13 @@ def test_checks_of_an_older_format_are_rebuilt_never_run(warm_call):
     again = run_python(CODE, env={"ROOT": root, "PHASE": "plain"})
     assert again["out"]["first"] and again["frames"] == 0 and again["stats"]["bypass_loads"] == 1, again
     assert CHECKS_FORMAT in formats()  # the rebuilt frame (the older one stays, never run: program.py's call)
+
+
+def test_environment_reads_match_os_environ(monkeypatch):
+    names = ("TCB_GUARD_COST_UNSET", "TCB_GUARD_COST_SET")
+    monkeypatch.delenv(names[0], raising=False)
+    monkeypatch.setenv(names[1], "héllo")
+    read = HELPERS["___env"]
+    assert read(names) == (None, "héllo") == tuple(__import__("os").environ.get(n) for n in names)
+    monkeypatch.setenv(names[0], "1")
+    assert read(names) == ("1", "héllo")  # a change between two calls is seen

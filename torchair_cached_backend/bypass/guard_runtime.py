@@ -336,9 +336,17 @@ def _dist_state() -> tuple[Any, ...]:
 
 def _env(names: tuple[str, ...]) -> tuple[Any, ...]:
     """The environment variables ``names`` (None when unset): a forward that reads one
-    has its value folded into the graph."""
+    has its value folded into the graph. Read as ``os.environ.get`` reads them (its
+    ``_data`` under the encoded key), without the two exceptions an unset name costs there."""
     environ = os.environ
-    return tuple(environ.get(n) for n in names)
+    data, encode, decode = (getattr(environ, a, None) for a in ("_data", "encodekey", "decodevalue"))
+    if type(environ) is not os._Environ or not isinstance(data, dict) or encode is None or decode is None:
+        return tuple(environ.get(n) for n in names)
+    out = []
+    for name in names:
+        value = data.get(encode(name))
+        out.append(None if value is None else decode(value))
+    return tuple(out)
 
 
 def _from_numpy(value: Any) -> Any:
