@@ -12,6 +12,7 @@ guard must hold.
 from __future__ import annotations
 
 import ast
+import copy
 import re
 import types
 from typing import Any, Protocol
@@ -84,10 +85,15 @@ def source_module(builder: GuardTable, call_params: str, defs: list[str]) -> tup
     lines.append(f"def ___call_check({call_params}):\n    return {' and '.join(builder_param(builder, x) for x in call) or 'True'}")
     # every guard per call (guards="call", a receiver not fixed at load): a function like the
     # load-time one, per-layer guards in loops, False at the first that fails (or raises)
-    full_body, _ = load_check_body([(i, builder_param(builder, x)) for i, x in enumerate(everything)], fail="False")
-    full = (f"# npu_cached full guard check, format {CHECKS_FORMAT}\n"
-            f"def ___full_check({call_params}):\n" + "\n".join(full_body + ["    return True"]) + "\n")
-    body, count = load_check_body([(i, g["expr"]) for i, g in enumerate(builder.guards) if g["scope"] == "load"])
+    params = frozenset(defs) | ({"___cells"} if builder.uses_cells else set())
+    full_sites: list[str] = []
+    full_body, _ = load_check_body([(i, builder_param(builder, x)) for i, x in enumerate(everything)], fail="False",
+                                   sites=full_sites, params=params, prefix="___tcb_f")
+    full = (f"# npu_cached full guard check, format {CHECKS_FORMAT}\n" + "".join(s + "\n" for s in full_sites)
+            + f"def ___full_check({call_params}):\n" + "\n".join(full_body + ["    return True"]) + "\n")
+    # evaluated once per load: no memoizing sites (they would only cost their setup)
+    body, count = load_check_body([(i, g["expr"]) for i, g in enumerate(builder.guards) if g["scope"] == "load"],
+                                  params=frozenset({"L"}), prefix="___tcb_l")
     lines.append("def ___load_check(L):\n" + "\n".join(body + ["    return -1"]))
     lines.append(f"___load_checks = {count}")
     return "\n".join(lines) + "\n", full
@@ -97,7 +103,8 @@ _ITEM = "___tcb_m"  # the loop variable of a check repeated per item of a module
 _KEY = "___tcb_k"
 
 
-def load_check_body(guards: list[tuple[int, str]], fail: str | None = None) -> tuple[list[str], int]:
+def load_check_body(guards: list[tuple[int, str]], fail: str | None = None, sites: list[str] | None = None,
+                    params: frozenset[str] = frozenset(), prefix: str = "___tcb_") -> tuple[list[str], int]:
     """The body of ``___load_check`` (evaluated once at load; returns the index of a guard
     that fails, -1 when all hold; the messages are made only then, from the JSON meta) and
     how many checks it holds. A guard repeated for every item of a module list (the same
@@ -105,7 +112,15 @@ def load_check_body(guards: list[tuple[int, str]], fail: str | None = None) -> t
     the checks grow with the distinct shapes of the layers, not with the layer count. Every
     guard is still evaluated, on the same values: the loop binds ``layers._modules['i']``
     to a name, and the template reads it where the guard read the path. ``fail``: what a
-    failing check returns instead of its guard's index (``"False"`` for the full check)."""
+    failing check returns instead of its guard's index (``"False"`` for the full check).
+
+    The statements are then made cheaper without changing what any guard reads or compares
+    (:class:`_Cheaper`): a read many guards share (``L['self']._modules['model']``, a
+    ``dict(type(x).__mro__[1].__dict__)`` copy) is bound to a local once, where a guard
+    reads it unconditionally, and read from there; ``sites`` (module-level lines, filled
+    here) receives one memoizing check object per resolved-method guard (``params``: the
+    function's parameter names, which may shadow a builtin the guards call; ``prefix``: of
+    the names bound, distinct per function whose module shares a namespace)."""
     templates: dict[tuple[str, str], list[tuple[int, str]]] = {}
     plain: list[tuple[int, str]] = []
     for index, expr in guards:
@@ -123,15 +138,186 @@ def load_check_body(guards: list[tuple[int, str]], fail: str | None = None) -> t
             continue
         loops.setdefault((owner, keys), []).append((members[0][0], template))
     plain.sort()
-    # parenthesized: a template is unparsed without the guard's own parentheses (``not a and b``)
-    body = [f"    if not ({expr}): return {fail or index}" for index, expr in plain]
+    cheaper = _Cheaper(sites, params, prefix)
+    bound: dict[str, str] = {}
+    body = cheaper.statements([(expr, str(fail or index)) for index, expr in plain], bound, "    ")
     count = len(plain)
     for (owner, keys), checks in loops.items():
         body.append(f"    for {_KEY} in {keys!r}:")
-        body.append(f"        {_ITEM} = {owner}._modules[{_KEY}]")
-        body += [f"        if not ({template}): return {fail or index}" for index, template in checks]
+        body.append(f"        {_ITEM} = {cheaper.rewrite(f'{owner}._modules[{_KEY}]', bound)}")
+        body += cheaper.statements([(template, str(fail or index)) for index, template in checks], dict(bound),
+                                   "        ")
         count += len(checks)
     return body, count
+
+
+#: builtins and helpers that only read (the same arguments give the same value within one check)
+_READ_CALLS = frozenset({"type", "dict", "len", "tuple", "list", "id", "___odict_getitem", "___resolved"})
+_READ_METHODS = frozenset({("dict", "keys"), ("dict", "__getitem__")})
+
+
+class _Cheaper:
+    """Rewrites a check's guard statements into cheaper, equivalent ones.
+
+    * Common reads: an attribute, constant subscript or read-only call that several guards
+      evaluate is bound to a local (``___tcb_v<n> = ...``) just before the first guard that
+      evaluates it unconditionally (outside the right side of an ``or``/``if``; the right
+      side of a top-level ``and`` counts, since the guard fails without it), and later
+      guards read the local. Guards only read, so a value read once is the value each guard
+      would have read; a read that raises there would have made that guard raise (a failure
+      either way), and one read only conditionally before is left in place there.
+    * ``___fn_digest(___resolved(owner, 'name')) == digest`` becomes a call of a per-site
+      :class:`~.guard_runtime.ResolvedSite` (memoized, re-validated by identity per call).
+    * ``___dict_contains(key, d)`` becomes ``dict.__contains__(d, key)`` (the same C call,
+      without a Python frame).
+    """
+
+    def __init__(self, sites: list[str] | None, params: frozenset[str], prefix: str) -> None:
+        self.sites = sites
+        self.shadowed = params
+        self.prefix = prefix
+        self.counter = 0
+
+    # -- single-guard rewrites -----------------------------------------------------
+    def _direct(self, tree: ast.AST) -> ast.AST:
+        outer = self
+
+        class Direct(ast.NodeTransformer):
+            def visit_Compare(self, node: ast.Compare) -> ast.AST:
+                self.generic_visit(node)
+                site = outer._site(node)
+                return node if site is None else site
+
+            def visit_Call(self, node: ast.Call) -> ast.AST:
+                self.generic_visit(node)
+                if (isinstance(node.func, ast.Name) and node.func.id == "___dict_contains" and not node.keywords
+                        and len(node.args) == 2 and isinstance(node.args[0], ast.Constant)
+                        and "___dict_has" not in outer.shadowed):
+                    return ast.Call(ast.Name("___dict_has", ast.Load()), [node.args[1], node.args[0]], [])
+                return node
+
+        return Direct().visit(tree)
+
+    def _site(self, node: ast.Compare) -> ast.AST | None:
+        if self.sites is None or len(node.ops) != 1 or not isinstance(node.ops[0], ast.Eq):
+            return None
+        left, right = node.left, node.comparators[0]
+        if not (isinstance(right, ast.Constant) and isinstance(right.value, str) and isinstance(left, ast.Call)
+                and isinstance(left.func, ast.Name) and left.func.id == "___fn_digest" and len(left.args) == 1
+                and not left.keywords):
+            return None
+        inner = left.args[0]
+        if not (isinstance(inner, ast.Call) and isinstance(inner.func, ast.Name) and inner.func.id == "___resolved"
+                and len(inner.args) == 2 and not inner.keywords and isinstance(inner.args[1], ast.Constant)
+                and isinstance(inner.args[1].value, str)):
+            return None
+        name = f"{self.prefix}r{len(self.sites)}"
+        self.sites.append(f"{name} = ___resolved_site({inner.args[1].value!r}, {right.value!r})")
+        return ast.Call(ast.Name(name, ast.Load()), [inner.args[0]], [])
+
+    # -- common reads ----------------------------------------------------------------
+    def _pure(self, node: ast.AST, banned: set[str]) -> bool:
+        if isinstance(node, ast.Name):
+            return node.id not in banned
+        if isinstance(node, ast.Constant):
+            return True
+        if isinstance(node, ast.Attribute):
+            return self._pure(node.value, banned)
+        if isinstance(node, ast.Subscript):
+            return self._pure(node.value, banned) and self._pure(node.slice, banned)
+        if isinstance(node, ast.Tuple):
+            return all(self._pure(e, banned) for e in node.elts)
+        if isinstance(node, ast.Call) and not node.keywords and not any(isinstance(a, ast.Starred) for a in node.args):
+            f = node.func
+            reads = ((isinstance(f, ast.Name) and f.id in _READ_CALLS and f.id not in self.shadowed)
+                     or (isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name)
+                         and (f.value.id, f.attr) in _READ_METHODS and f.value.id not in self.shadowed))
+            return reads and all(self._pure(a, banned) for a in node.args)
+        return False
+
+    def _occurrences(self, tree: ast.AST, banned: set[str], found: list[tuple[str, ast.AST, bool]]) -> None:
+        """(key, node, evaluated unconditionally) of every candidate read in one guard."""
+
+        def walk(node: ast.AST, always: bool, fails_if_false: bool, callee: bool = False) -> None:
+            if isinstance(node, (ast.Attribute, ast.Subscript, ast.Call)) and not callee and self._pure(node, banned):
+                found.append((ast.dump(node), node, always))
+            if isinstance(node, (ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)):
+                return  # another scope
+            if isinstance(node, ast.BoolOp):
+                first, *rest = node.values
+                keeps = isinstance(node.op, ast.And) and fails_if_false
+                walk(first, always, keeps)
+                for value in rest:
+                    walk(value, always and keeps, keeps)
+            elif isinstance(node, ast.IfExp):
+                walk(node.test, always, False)
+                walk(node.body, False, False)
+                walk(node.orelse, False, False)
+            elif isinstance(node, ast.Compare):
+                walk(node.left, always, False)
+                for i, comparator in enumerate(node.comparators):
+                    walk(comparator, always and i == 0, False)
+            elif isinstance(node, ast.NamedExpr):
+                walk(node.value, always, False)
+            elif isinstance(node, ast.Call):
+                walk(node.func, always, False, callee=True)
+                for arg in node.args:
+                    walk(arg, always, False)
+            else:
+                for child in ast.iter_child_nodes(node):
+                    walk(child, always, False)
+
+        walk(tree, True, True)
+
+    def _replace(self, tree: ast.AST, bound: dict[str, str], keep: str | None = None) -> ast.AST:
+        class Put(ast.NodeTransformer):
+            def visit(self, node: ast.AST) -> ast.AST:
+                if isinstance(node, (ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)):
+                    return node
+                if isinstance(node, (ast.Attribute, ast.Subscript, ast.Call)):
+                    key = ast.dump(node)
+                    if key != keep and key in bound:
+                        return ast.copy_location(ast.Name(bound[key], ast.Load()), node)
+                return super().visit(node)
+
+        return Put().visit(tree)
+
+    def rewrite(self, expr: str, bound: dict[str, str]) -> str:
+        """One expression with the reads already bound replaced by their locals."""
+        return ast.unparse(self._replace(ast.parse(expr, mode="eval").body, bound))
+
+    def statements(self, checks: list[tuple[str, str]], bound: dict[str, str], indent: str) -> list[str]:
+        """``if not (guard): return <fail>`` for each (guard, fail), cheaper; ``bound``
+        (key -> local) holds the reads bound before and receives the ones bound here."""
+        trees = [self._direct(ast.parse(expr, mode="eval").body) for expr, _ in checks]
+        banned = {n.target.id for t in trees for n in ast.walk(t)
+                  if isinstance(n, ast.NamedExpr) and isinstance(n.target, ast.Name)}
+        counts: dict[str, int] = {}
+        first_always: dict[str, int] = {}
+        nodes: dict[str, ast.AST] = {}
+        for position, tree in enumerate(trees):
+            found: list[tuple[str, ast.AST, bool]] = []
+            self._occurrences(tree, banned, found)
+            for key, node, always in found:
+                counts[key] = counts.get(key, 0) + 1
+                nodes.setdefault(key, node)
+                if always:
+                    first_always.setdefault(key, position)
+        binds: dict[int, list[str]] = {}
+        for key, position in first_always.items():
+            if counts[key] >= 2 and key not in bound:
+                binds.setdefault(position, []).append(key)
+        out = []
+        for position, (tree, (_, fail)) in enumerate(zip(trees, checks, strict=True)):
+            for key in sorted(binds.get(position, ()), key=len):  # a read's parts are shorter: bound first
+                name = f"{self.prefix}v{self.counter}"
+                self.counter += 1
+                value = self._replace(copy.deepcopy(nodes[key]), bound, keep=key)
+                out.append(f"{indent}{name} = {ast.unparse(value)}")
+                bound[key] = name
+            # parenthesized: a template is unparsed without the guard's own parentheses (``not a and b``)
+            out.append(f"{indent}if not ({ast.unparse(self._replace(copy.deepcopy(tree), bound))}): return {fail}")
+        return out
 
 
 def _instantiate(template: str, owner: str, key: str) -> str:

@@ -16,6 +16,7 @@ import collections
 import importlib
 import json
 import math
+import operator
 import os
 import struct
 import types
@@ -29,8 +30,9 @@ from .. import code_codec
 
 #: bumped when the generated check module's contract changes (3: the blob holds the
 #: checks, the full check and the explanations as separate parts; 4: a check repeated per
-#: item of a module list is one check in a loop over the items)
-CHECKS_FORMAT = 4
+#: item of a module list is one check in a loop over the items; 5: reads shared by guards bound
+#: once, resolved-method guards as memoizing sites, ``___dict_has``)
+CHECKS_FORMAT = 5
 _BLOB_MAGIC = b"npu_cached guards 4\0"
 _SIZES = struct.Struct("<3Q")
 
@@ -159,28 +161,152 @@ def unwrap_attribute(raw: Any) -> Any:
 def _fn_digest(fn: Any) -> str:
     """A function by what it runs *and* the values bound to it: its code's fingerprint
     plus its defaults and closure contents (a dataclass ``__init__`` is generated code
-    whose field defaults are its ``__defaults__``)."""
+    whose field defaults are its ``__defaults__``). Memoized per function object, the memo
+    re-validated on every use by identity of everything the digest reads that can be
+    reassigned (see :func:`_bound_snapshot`)."""
+    return _fn_digest_and_state(fn)[0]
+
+
+def _fn_digest_and_state(fn: Any) -> tuple[str, list[tuple[Any, ...]] | None]:
+    """:func:`_fn_digest` and the snapshot that pins it (None: not pinned by identities)."""
     code = getattr(fn, "__code__", None)
     if not isinstance(code, types.CodeType):
-        return f"<not a Python function: {type(fn).__qualname__}>"
+        return f"<not a Python function: {type(fn).__qualname__}>", None
     fp = _code_fp(code)
     if not (fn.__defaults__ or fn.__kwdefaults__ or fn.__closure__):
-        return fp
-    try:  # per call (guards="call"): the same objects bound give the same digest
-        bound = (fn, code, fn.__defaults__, fn.__kwdefaults__, *(c.cell_contents for c in fn.__closure__ or ()))
-    except ValueError:  # an empty cell
-        bound = None
-    key = tuple(map(id, bound)) if bound is not None else None
-    hit = _digest_memo.get(key) if key is not None else None
-    if hit is not None and all(a is b for a, b in zip(hit[0], bound, strict=True)):
-        return hit[1]
+        if type(fn) is not types.FunctionType:
+            return fp, None
+        kwdefaults = fn.__kwdefaults__
+        items = tuple(kwdefaults.items()) if kwdefaults is not None else None
+        return fp, [(fn, code, fn.__defaults__, kwdefaults, items, (), ())]
+    hit = _digest_memo.get(id(fn))
+    if hit is not None and hit[0] is fn and _bound_same(hit[1]):
+        return hit[2], hit[1]
+    nodes = _bound_snapshot(fn)  # before the digest: a change meanwhile fails the next validation
     value = fp + ":" + _bound_digest(fn)
-    if key is not None:  # the entry holds what it was made from: its ids stay unique
-        _digest_memo[key] = (bound, value)
-    return value
+    if nodes is not None:  # the entry holds what it was made from: its ids stay unique
+        _digest_memo[id(fn)] = (fn, nodes, value)
+    return value, nodes
 
 
-_digest_memo: dict[Any, tuple[Any, str]] = {}
+_digest_memo: dict[int, tuple[Any, Any, str]] = {}
+_is = operator.is_
+_cell_contents = operator.attrgetter("cell_contents")
+#: values whose identity fixes what ``describe_value`` makes of them (immutable, or described by name)
+_IDENTITY_STABLE = (type(None), bool, int, float, complex, str, bytes, type, types.ModuleType,
+                    types.BuiltinFunctionType, torch.dtype, torch.device, torch.layout, torch.memory_format)
+#: a callable bound this many levels of functions below the digested one is described by its
+#: name only (``describe_value`` stops at depth 4, and each level of functions adds at least 2)
+_NAMED_ONLY_LEVEL = 3
+
+
+def _bound_snapshot(fn: Any) -> list[tuple[Any, ...]] | None:
+    """What :func:`_fn_digest` of ``fn`` depends on, as identities to re-check: for ``fn`` and
+    every function bound to it (in a default or a closure cell, recursively, as deep as the
+    digest describes them) its ``__code__``, ``__defaults__``, ``__kwdefaults__`` (and each
+    of its items) and its cells' contents (a function's ``__closure__`` itself is read-only).
+    None when a bound value is one identity does not pin (a list, a dict, a tensor, an object
+    with state, a bound method...): then the digest is recomputed on every use."""
+    nodes: list[tuple[Any, ...]] = []
+    try:
+        return nodes if _bound_nodes(fn, nodes, 0) else None
+    except ValueError:  # an empty cell
+        return None
+
+
+def _bound_nodes(fn: Any, nodes: list[tuple[Any, ...]], level: int) -> bool:
+    kwdefaults = fn.__kwdefaults__
+    cells = fn.__closure__ or ()
+    contents = tuple(map(_cell_contents, cells))
+    items = tuple(kwdefaults.items()) if kwdefaults is not None else None
+    nodes.append((fn, fn.__code__, fn.__defaults__, kwdefaults, items, cells, contents))
+    values = [*(fn.__defaults__ or ()), *(v for _, v in items or ()), *contents]
+    return all(_identity_pins(v, nodes, level + 1) for v in values)
+
+
+def _identity_pins(value: Any, nodes: list[tuple[Any, ...]], level: int) -> bool:
+    """Whether the identity of ``value`` (a function's, with its nodes added) fixes its description."""
+    if isinstance(value, _IDENTITY_STABLE):
+        return True
+    if isinstance(value, (tuple, frozenset)):
+        return all(_identity_pins(v, nodes, level) for v in value)
+    if level >= _NAMED_ONLY_LEVEL and callable(value) and not isinstance(value, torch.nn.Module):
+        return True
+    if type(value) is types.FunctionType:
+        return _bound_nodes(value, nodes, level)
+    return False
+
+
+def _bound_same(nodes: list[tuple[Any, ...]]) -> bool:
+    """Whether every identity :func:`_bound_snapshot` recorded still holds."""
+    try:
+        for fn, code, defaults, kwdefaults, items, cells, contents in nodes:
+            if fn.__code__ is not code or fn.__defaults__ is not defaults or fn.__kwdefaults__ is not kwdefaults:
+                return False
+            if items is not None and (len(kwdefaults) != len(items)
+                                      or not all(kwdefaults.get(k, _MISSING) is v for k, v in items)):
+                return False
+            if cells and not all(map(_is, map(_cell_contents, cells), contents)):
+                return False
+    except ValueError:  # a cell emptied since
+        return False
+    return True
+
+
+class ResolvedSite:
+    """One ``___fn_digest(___resolved(owner, name)) == digest`` guard of a generated check,
+    with a memo of the last resolution that held: the owner, its ``__mro__`` (replaced when
+    ``__bases__`` is assigned), the class dicts (live views) before the defining class, which
+    must still not define ``name``, the defining class's entry, and the function's bound
+    state (:func:`_bound_snapshot`). Re-validated by identity on every call; anything else
+    takes the full path, which re-resolves and re-digests."""
+
+    __slots__ = ("name", "digest", "memo")
+
+    def __init__(self, name: str, digest: str) -> None:
+        self.name = name
+        self.digest = digest
+        self.memo: tuple[Any, ...] | None = None
+
+    def holds(self, owner: Any) -> bool:
+        memo = self.memo
+        if memo and owner is memo[0] and owner.__mro__ is memo[1]:
+            name = self.name
+            for proxy in memo[2]:
+                if name in proxy:
+                    break
+            else:
+                raw, fn = memo[3].get(name, _MISSING), memo[5]
+                if raw is memo[4] and (raw is fn or unwrap_attribute(raw) is fn) and _bound_same(memo[6]):
+                    return True
+        return self._resolve(owner)
+
+    def _resolve(self, owner: Any) -> bool:
+        """The guard as written (resolve, digest), memoized from its second evaluation on (a
+        check evaluated once, at load, does not pay for the memo)."""
+        if self.memo is None:
+            self.memo = ()
+            return _fn_digest(_resolved(owner, self.name)) == self.digest
+        name = self.name
+        mro = owner.__mro__
+        before = []
+        for klass in mro:
+            proxy = klass.__dict__
+            raw = proxy.get(name, _MISSING)
+            if raw is not _MISSING:
+                break
+            before.append(proxy)
+        else:
+            return _fn_digest(None) == self.digest
+        fn = unwrap_attribute(raw)
+        digest, nodes = _fn_digest_and_state(fn)  # the state read before the digest
+        ok = digest == self.digest
+        self.memo = (owner, mro, tuple(before), proxy, raw, fn, nodes) if ok and nodes is not None else ()
+        return ok
+
+
+def _resolved_site(name: str, digest: str) -> Callable[[Any], bool]:
+    return ResolvedSite(name, digest).holds
 
 
 def _bound_digest(fn: Any) -> str:
@@ -210,9 +336,17 @@ def _dist_state() -> tuple[Any, ...]:
 
 def _env(names: tuple[str, ...]) -> tuple[Any, ...]:
     """The environment variables ``names`` (None when unset): a forward that reads one
-    has its value folded into the graph."""
+    has its value folded into the graph. Read as ``os.environ.get`` reads them (its
+    ``_data`` under the encoded key), without the two exceptions an unset name costs there."""
     environ = os.environ
-    return tuple(environ.get(n) for n in names)
+    data, encode, decode = (getattr(environ, a, None) for a in ("_data", "encodekey", "decodevalue"))
+    if type(environ) is not os._Environ or not isinstance(data, dict) or encode is None or decode is None:
+        return tuple(environ.get(n) for n in names)
+    out = []
+    for name in names:
+        value = data.get(encode(name))
+        out.append(None if value is None else decode(value))
+    return tuple(out)
 
 
 def _from_numpy(value: Any) -> Any:
@@ -272,6 +406,8 @@ HELPERS: dict[str, Any] = {
     "___code_fp": _code_fp,
     "___fn_fp": _fn_fp,
     "___fn_digest": _fn_digest,
+    "___resolved_site": _resolved_site,
+    "___dict_has": dict.__contains__,
     "___resolved": _resolved,
     "___dist": _dist_state,
     "___env": _env,

@@ -1,0 +1,382 @@
+"""Cheaper guard evaluation that checks the same things: the memoized resolved-method
+checks and function digests still fail on every reassignment they depend on, reads shared
+by guards are bound once yet re-read on every call, a read only made conditionally is never
+made unconditional, and the generated checks do fewer operations. One warm process runs the
+``guards="call"`` route end to end, with each mutation made between two calls."""
+
+from __future__ import annotations
+
+import ast
+import textwrap
+import types
+
+import pytest
+
+from torchair_cached_backend.bypass import guard_runtime
+from torchair_cached_backend.bypass.guard_codegen import load_check_body
+from torchair_cached_backend.bypass.guard_runtime import HELPERS, ResolvedSite, _fn_digest
+
+
+# --------------------------------------------------------------------------- resolved methods
+def _decorate(flag):
+    def wrap(fn):
+        def wrapper(self, x, k=1.0):
+            return fn(self, x, k) if flag else -fn(self, x, k)
+
+        return wrapper
+
+    return wrap
+
+
+def _classes():
+    class Base:
+        @_decorate(True)
+        def helper(self, x, k=1.0):
+            return x * k
+
+        def plain(self, x, *, scale=2.0):
+            return x * scale
+
+    class Child(Base):
+        pass
+
+    return Base, Child
+
+
+def _site(cls, name):
+    site = ResolvedSite(name, _fn_digest(guard_runtime._resolved(cls, name)))
+    # the memo is made from the second evaluation on: two calls, then it must be in use
+    assert site.holds(cls) and site.holds(cls) and site.memo, "the memo is not engaged"
+    assert site.holds(cls)
+    return site
+
+
+def test_resolved_site_fails_on_a_reassigned_code_or_defaults():
+    Base, Child = _classes()
+    site = _site(Child, "plain")
+    fn = Base.plain
+    code, kwdefaults = fn.__code__, fn.__kwdefaults__
+    fn.__code__ = (lambda self, x, *, scale=2.0: x + scale).__code__
+    assert not site.holds(Child)
+    fn.__code__ = code
+    assert site.holds(Child)
+    fn.__kwdefaults__["scale"] = 3.0  # the same dict, mutated in place
+    assert not site.holds(Child)
+    kwdefaults["scale"] = 2.0
+    assert site.holds(Child)
+    fn.__kwdefaults__ = {"scale": 2.0, "extra": 1}
+    assert not site.holds(Child)
+
+
+def test_resolved_site_fails_on_a_changed_closure_cell_or_wrapped_function():
+    Base, Child = _classes()
+    site = _site(Child, "helper")
+    wrapper = Base.helper
+    cells = dict(zip(wrapper.__code__.co_freevars, wrapper.__closure__, strict=True))
+    cells["flag"].cell_contents = False
+    assert not site.holds(Child)
+    cells["flag"].cell_contents = True
+    assert site.holds(Child)
+    inner = cells["fn"].cell_contents  # the decorated function, one level down
+    code = inner.__code__
+    inner.__code__ = (lambda self, x, k=1.0: x - k).__code__
+    assert not site.holds(Child)
+    inner.__code__ = code
+    assert site.holds(Child)
+    inner.__defaults__ = (5.0,)
+    assert not site.holds(Child)
+
+
+def test_resolved_site_fails_on_a_monkeypatched_method_or_new_bases():
+    Base, Child = _classes()
+    site = _site(Child, "plain")
+    Child.plain = lambda self, x, *, scale=2.0: x  # defined earlier in the MRO now
+    assert not site.holds(Child)
+    del Child.plain
+    assert site.holds(Child)
+    original = Base.plain
+    Base.plain = lambda self, x, *, scale=2.0: x  # replaced where it was defined
+    assert not site.holds(Child)
+    Base.plain = original
+    assert site.holds(Child)
+
+    class Other:
+        def plain(self, x, *, scale=2.0):
+            return -x
+
+    Child.__bases__ = (Other,)
+    assert not site.holds(Child)
+
+
+def test_a_bound_value_identity_does_not_pin_is_rechecked_by_value():
+    # a list default can change in place: no memo is trusted for it, the digest is recomputed
+    def fn(x, table=[1, 2]):  # noqa: B006 - the mutable default is the point
+        return x
+
+    class Owner:
+        method = fn
+
+    site = ResolvedSite("method", _fn_digest(fn))
+    assert site.holds(Owner) and site.holds(Owner) and site.holds(Owner)
+    fn.__defaults__[0].append(3)
+    assert not site.holds(Owner)
+
+
+def test_fn_digest_memo_follows_nested_and_in_place_changes():
+    # the former memo (ids of the directly bound objects) missed both of these
+    Base, _ = _classes()
+    wrapper = Base.helper
+    before = _fn_digest(wrapper)
+    assert _fn_digest(wrapper) == before
+    inner = dict(zip(wrapper.__code__.co_freevars, wrapper.__closure__, strict=True))["fn"].cell_contents
+    code = inner.__code__
+    inner.__code__ = (lambda self, x, k=1.0: x - k).__code__
+    assert _fn_digest(wrapper) != before
+    inner.__code__ = code
+    assert _fn_digest(wrapper) == before
+    plain = Base.plain
+    digest = _fn_digest(plain)
+    plain.__kwdefaults__["scale"] = 7.0
+    assert _fn_digest(plain) != digest
+
+
+# --------------------------------------------------------------------------- generated code
+def _compile(guards: list[str], *, sites: bool = True) -> tuple[types.FunctionType, list[str]]:
+    prelude: list[str] = []
+    body, _ = load_check_body(list(enumerate(guards)), fail="False", sites=prelude if sites else None,
+                              params=frozenset({"L"}), prefix="___t_")
+    namespace = dict(HELPERS)
+    exec("\n".join(prelude + ["def full(L):", *body, "    return True"]), namespace)  # noqa: S102 - generated above
+    return namespace["full"], body
+
+
+def _model(n: int):
+    layers = types.SimpleNamespace(_modules={str(i): types.SimpleNamespace(scale=2.0, idx=i) for i in range(n)})
+    model = types.SimpleNamespace(_modules={"layers": layers}, flag=True)
+    return {"self": types.SimpleNamespace(_modules={"model": model}, config=types.SimpleNamespace(depth=n))}
+
+
+def _guards(n: int) -> list[str]:
+    m = "L['self']._modules['model']"
+    out = [f"(type({m}.flag) is bool)", f"({m}.flag is True)", f"(len({m}._modules['layers']._modules) == {n})",
+           f"(type(L['self'].config.depth) is int and L['self'].config.depth == {n})"]
+    for i in range(n):
+        item = f"{m}._modules['layers']._modules['{i}']"
+        out += [f"(type({item}.scale) is float and {item}.scale == 2.0)", f"({item}.idx == {i})"] if i == 0 else \
+            [f"(type({item}.scale) is float and {item}.scale == 2.0)"]
+    return out
+
+
+def test_shared_reads_are_bound_once_and_reread_every_call():
+    full, body = _compile(_guards(4))
+    text = "\n".join(body)
+    assert text.count("['model']") == 1 and text.count("['layers']") == 1, text  # walked once, not per guard
+    scope = _model(4)
+    assert full(scope) is True
+    scope["self"]._modules["model"] = types.SimpleNamespace(**dict(vars(scope["self"]._modules["model"]), flag=False))
+    assert full(scope) is False  # a replaced submodule is seen on the next call
+    scope = _model(4)
+    scope["self"]._modules["model"]._modules["layers"]._modules["3"].scale = 3.0
+    assert full(scope) is False
+    scope["self"]._modules["model"]._modules["layers"]._modules["3"].scale = 2
+    assert full(scope) is False  # the type half
+    scope = _model(4)
+    scope["self"].config.depth = 5
+    assert full(scope) is False
+
+
+def test_a_conditional_read_is_never_made_unconditional():
+    # both guards read L['a'].b only when L['a'] is not None: binding it up front would
+    # raise (fail) for a None that every guard accepts
+    guards = ["(L['a'] is None or L['a'].b == 1)", "(L['a'] is None or L['a'].b > 0)",
+              "(L['c'].d == 1 if L['c'] is not None else True)", "(L['c'] is None or L['c'].d >= 1)"]
+    full, body = _compile(guards)
+    assert full({"a": None, "c": None}) is True, body
+    ok = types.SimpleNamespace(b=1, d=1)
+    assert full({"a": ok, "c": ok}) is True
+    assert full({"a": types.SimpleNamespace(b=2), "c": ok}) is False
+
+
+def test_the_right_side_of_a_top_level_and_is_read_once():
+    # the guard fails unless its right side is evaluated, so a read there is shared too
+    guards = ["(type(L['x'].v) is int and L['x'].w.z == 1)", "(L['x'].w.z > 0)"]
+    full, body = _compile(guards)
+    assert "\n".join(body).count(".w") == 1, body
+    assert full({"x": types.SimpleNamespace(v=1, w=types.SimpleNamespace(z=1))}) is True
+    assert full({"x": types.SimpleNamespace(v=1.0, w=types.SimpleNamespace(z=1))}) is False
+
+
+def test_a_parameter_shadowing_a_builtin_is_not_taken_for_it():
+    body, _ = load_check_body([(0, "(type(x.a) is int)"), (1, "(type(x.a) is int)")], fail="False",
+                              params=frozenset({"type", "x"}))
+    assert not any(line.strip().startswith("___tcb_v") and "type(" in line for line in body), body
+
+
+def _operations(source: str) -> int:
+    return sum(isinstance(n, (ast.Attribute, ast.Subscript, ast.Call)) for n in ast.walk(ast.parse(source)))
+
+
+def test_generated_check_does_fewer_operations_and_uses_sites():
+    guards = _guards(8) + [f"(___fn_digest(___resolved(___c{i % 3}, 'forward')) == 'd{i}')" for i in range(6)] \
+        + [f"(not ___dict_contains('forward', L['self']._modules['model']._modules['layers']._modules['{i}'].__dict__))"
+           for i in range(8)]
+    _, body = _compile(guards)
+    written = _operations("\n".join(guards))
+    generated = _operations("def full(L):\n" + "\n".join(body))
+    assert generated * 2 <= written, (generated, written)
+    text = "\n".join(body)
+    assert "___fn_digest" not in text and text.count("___t_r") == 6, text
+    assert "___dict_contains" not in text and "___dict_has" in text
+
+
+# --------------------------------------------------------------------------- end to end
+CODE = textwrap.dedent(
+    """
+    import os
+    import torch
+    import torchair_cached_backend as tcb
+    from child_helpers import frames, same, stats
+
+    def deco(flag):
+        def wrap(fn):
+            def wrapper(self, x, k=1.0):
+                return fn(self, x, k) if flag else -fn(self, x, k)
+            return wrapper
+        return wrap
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 4)
+
+        @deco(True)
+        def helper(self, x, k=1.0):
+            return x * k
+
+        def forward(self, x):
+            return self.helper(self.lin(x))
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.blocks = torch.nn.ModuleList([Block() for _ in range(3)])
+
+        def forward(self, x):
+            for b in self.blocks:
+                x = b(x)
+            return x
+
+    ROOT = os.environ["ROOT"]
+    m, x = Net(), torch.randn(2, 4)
+    out = {}
+    with torch.no_grad():
+        if os.environ["PHASE"] == "cold":
+            f = torch.compile(m, backend="npu_cached", options={"cache_dir": ROOT, "compiler": "eager"})
+            out["cold"] = same(f(x), m(x))
+        elif os.environ["PHASE"] == "plain":
+            f = tcb.load(m, ROOT, compiler="eager")
+            out["first"] = same(f(x), m(x))
+        else:
+            f = tcb.load(m, ROOT, compiler="eager", guards="call")
+            (variant,) = f._variants
+            replay, served = variant.fn, [0]
+
+            def counted(*args, **kwargs):
+                served[0] += 1
+                return replay(*args, **kwargs)
+
+            variant.fn = counted
+            out["first"] = same(f(x), m(x)) and same(f(x), m(x)) and same(f(x), m(x))
+            replays = [served[0]]
+            wrapper = Block.helper
+            cells = dict(zip(wrapper.__code__.co_freevars, wrapper.__closure__))
+            inner = cells["fn"].cell_contents
+            code, defaults = inner.__code__, inner.__defaults__
+
+            def check(name):
+                out[name] = same(f(x), m(x))
+                replays.append(served[0])
+
+            inner.__code__ = (lambda self, x, k=1.0: x - k).__code__
+            check("code")
+            inner.__code__ = code
+            check("code_back")
+            inner.__defaults__ = (3.0,)
+            check("defaults")
+            inner.__defaults__ = defaults
+            cells["flag"].cell_contents = False
+            check("cell")
+            cells["flag"].cell_contents = True
+            Block.helper = lambda self, x, k=1.0: x + 1
+            check("patched")
+            Block.helper = wrapper
+            check("restored")
+            out["served"] = replays
+    emit({"out": out, "stats": stats(), "frames": frames()})
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def warm_call(tmp_path_factory):
+    from subprocess_helpers import run_python
+
+    root = str(tmp_path_factory.mktemp("guard_cost"))
+    cold = run_python(CODE, env={"ROOT": root, "PHASE": "cold"})
+    assert cold["out"]["cold"], cold
+    return root, run_python(CODE, env={"ROOT": root, "PHASE": "warm"})
+
+
+def test_guards_call_catches_each_change_between_two_calls(warm_call):
+    _, warm_call = warm_call
+    out = warm_call["out"]
+    assert all(v for k, v in out.items() if k != "served"), out
+    # replayed 3 times, then not replayed (and right) after each change, replayed again once undone
+    counts = out["served"]
+    steps = ["code", "code_back", "defaults", "cell", "patched", "restored"]
+    replayed = {step: counts[i + 1] > counts[i] for i, step in enumerate(steps)}
+    assert counts[0] == 3 and replayed == {"code": False, "code_back": True, "defaults": False, "cell": False,
+                                           "patched": False, "restored": True}, (counts, warm_call["stats"])
+    assert warm_call["stats"]["bypass_loads"] == 1, warm_call["stats"]
+
+
+def test_checks_of_an_older_format_are_rebuilt_never_run(warm_call):
+    # an entry whose checks were generated by an older version (CHECKS_FORMAT) is never
+    # evaluated: the call compiles and replaces it, and the next process replays the new one
+    import glob
+    import json
+
+    from subprocess_helpers import run_python
+
+    from torchair_cached_backend.bypass.guard_runtime import CHECKS_FORMAT
+
+    root, _ = warm_call
+    (path,) = glob.glob(f"{root}/programs/*/manifest.json")
+
+    def formats() -> set[int]:
+        with open(path) as f:
+            return {frame["guards"]["format"] for frame in json.load(f)["program"]["frames"].values()}
+
+    with open(path) as f:
+        manifest = json.load(f)
+    for frame in manifest["program"]["frames"].values():
+        frame["guards"]["format"] = CHECKS_FORMAT - 1
+    with open(path, "w") as f:
+        json.dump(manifest, f)
+    rebuilt = run_python(CODE, env={"ROOT": root, "PHASE": "plain"})
+    assert rebuilt["out"]["first"] and rebuilt["frames"] >= 1, rebuilt
+    assert rebuilt["stats"]["bypass_loads"] == 0, rebuilt["stats"]
+    again = run_python(CODE, env={"ROOT": root, "PHASE": "plain"})
+    assert again["out"]["first"] and again["frames"] == 0 and again["stats"]["bypass_loads"] == 1, again
+    assert CHECKS_FORMAT in formats()  # the rebuilt frame (the older one stays, never run: program.py's call)
+
+
+def test_environment_reads_match_os_environ(monkeypatch):
+    names = ("TCB_GUARD_COST_UNSET", "TCB_GUARD_COST_SET")
+    monkeypatch.delenv(names[0], raising=False)
+    monkeypatch.setenv(names[1], "héllo")
+    read = HELPERS["___env"]
+    assert read(names) == (None, "héllo") == tuple(__import__("os").environ.get(n) for n in names)
+    monkeypatch.setenv(names[0], "1")
+    assert read(names) == ("1", "héllo")  # a change between two calls is seen
