@@ -380,3 +380,51 @@ def test_environment_reads_match_os_environ(monkeypatch):
     assert read(names) == (None, "héllo") == tuple(__import__("os").environ.get(n) for n in names)
     monkeypatch.setenv(names[0], "1")
     assert read(names) == ("1", "héllo")  # a change between two calls is seen
+
+
+SHADOWING = r'''
+import os, sys
+import torch
+import torchair_cached_backend as tcb
+
+class M(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.l = torch.nn.Linear(4, 4)
+
+    def forward(self, x, type=None, len=3):  # parameters named like builtins the guards call
+        y = self.l(x)
+        if type == "double":
+            y = y * 2
+        return y * len
+
+m = M().eval()
+x = torch.randn(2, 4, generator=torch.Generator().manual_seed(1))
+d = os.environ["ROOT"]
+with torch.no_grad():
+    if os.environ["PHASE"] == "cold":
+        f = torch.compile(m, backend="npu_cached", options={"cache_dir": d, "compiler": "eager"})
+        emit({"ok": bool(torch.allclose(f(x, type="double"), m(x, type="double")))})
+    else:
+        f = tcb.load(m, d, compiler="eager")
+        same = bool(torch.allclose(f(x, type="double"), m(x, type="double")))
+        replayed = tcb.stats().fallbacks == 0
+        other = bool(torch.allclose(f(x, type=None, len=5), m(x, type=None, len=5)))
+        emit({"same": same, "replayed": replayed, "other": other, "stats": tcb.stats().as_dict()})
+'''
+
+
+def test_a_forward_whose_parameters_shadow_builtins_replays(tmp_path):
+    """Guards call builtins by name (``type(...)``, ``len(...)``); in the generated checks the
+    frame's parameters are names too, so a forward taking ``type=`` or ``len=`` made every
+    check fail at capture and the frame never replayed. Shadowed builtins are read from
+    ``___builtins``: the frame replays, and another argument value still falls back."""
+    from subprocess_helpers import run_python
+
+    root = str(tmp_path)
+    assert run_python(SHADOWING, env={"ROOT": root, "PHASE": "cold"})["ok"]
+    warm = run_python(SHADOWING, env={"ROOT": root, "PHASE": "warm"})
+    assert warm["same"] and warm["replayed"], warm
+    assert warm["stats"]["bypass_loads"] >= 1, warm
+    assert warm["other"], warm  # specialized on type="double": the other value is compiled, right

@@ -12,8 +12,11 @@ guard must hold.
 from __future__ import annotations
 
 import ast
+import builtins
 import copy
+import io
 import re
+import tokenize
 import types
 from typing import Any, Protocol
 
@@ -366,9 +369,37 @@ def _per_item_template(expr: str) -> tuple[str, str, str] | None:
     return owner, key, ast.unparse(Take().visit(tree))
 
 
+def _unshadowed(expr: str, params: set[str]) -> str:
+    """``expr`` with each builtin it calls by name that a parameter of the frame shadows
+    (``def forward(self, x, type=None)`` and a guard's ``type(...)``) read from
+    ``___builtins`` instead: in parameter form the name would be the argument."""
+    shadowed = params & _BUILTIN_NAMES
+    if not shadowed or not any(name in expr for name in shadowed):
+        return expr
+    lines = expr.splitlines(keepends=True)
+    starts = [0]
+    for line in lines:
+        starts.append(starts[-1] + len(line))
+    edits: list[int] = []
+    previous = None
+    for tok in tokenize.generate_tokens(io.StringIO(expr).readline):
+        if tok.type == tokenize.NAME and tok.string in shadowed and not (
+                previous is not None and previous.type == tokenize.OP and previous.string == "."):
+            edits.append(starts[tok.start[0] - 1] + tok.start[1])
+        if tok.type not in (tokenize.NL, tokenize.NEWLINE, tokenize.COMMENT):
+            previous = tok
+    for at in reversed(edits):
+        expr = expr[:at] + "___builtins." + expr[at:]
+    return expr
+
+
+_BUILTIN_NAMES = frozenset(dir(builtins))
+
+
 def builder_param(builder: GuardTable, expr: str) -> str:
     """L-form -> parameter form: ``L['x']`` is the parameter ``x``; a free variable
     is read from the closure cells the check is given."""
+    expr = _unshadowed(expr, builder.params)
 
     def local(m: re.Match[str]) -> str:
         name = m.group(2)

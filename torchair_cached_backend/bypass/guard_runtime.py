@@ -12,6 +12,7 @@ identically.
 
 from __future__ import annotations
 
+import builtins
 import collections
 import importlib
 import json
@@ -388,6 +389,7 @@ def _tensor_meta(t: Any) -> str:
 #: names the generated guard expressions may call (Dynamo's helper names where its
 #: source expressions use them, ``___``-prefixed ones of our own otherwise)
 HELPERS: dict[str, Any] = {
+    "___builtins": builtins,  # builtins a parameter shadows (guard_codegen._unshadowed)
     "___odict_getitem": _odict_getitem,
     "___dict_contains": _dict_contains,
     "___tuple_iterator_len": _tuple_iterator_len,
