@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 import types
+from collections.abc import Iterator
 from typing import Any
 
 from ..logs import log
@@ -48,16 +49,24 @@ def _on_bytecode(code: types.CodeType, out_code: types.CodeType) -> None:
     return on_bytecode(code, out_code)
 
 
+def backend_chain(compiler_fn: Any) -> Iterator[Any]:
+    """``compiler_fn`` and the callables it wraps (Dynamo's debug wrapper, ``torch.compile``'s
+    kwargs wrapper, ``make_backend``'s closure), outermost first, at most 8 levels."""
+    fn, seen = compiler_fn, 0
+    while fn is not None and seen < 8:
+        yield fn
+        fn = getattr(fn, "compiler_fn", None) or getattr(fn, "__wrapped__", None)
+        seen += 1
+
+
 def backend_options(compiler_fn: Any) -> Any:
-    """The parsed options of the ``npu_cached`` backend behind Dynamo's compiler_fn
-    (its debug wrapper, ``torch.compile``'s kwargs wrapper, ``make_backend``), else None."""
+    """The parsed options of the ``npu_cached`` backend behind Dynamo's compiler_fn, else None."""
     from ..backend import apply_mode
     from ..options import parse_options
     from ..registry import BACKEND_NAME
 
     kwargs: dict[str, Any] = {}
-    fn, seen = compiler_fn, 0
-    while fn is not None and seen < 8:
+    for fn in backend_chain(compiler_fn):
         bound = getattr(fn, "options", None)
         if bound is not None and type(bound).__name__ == "BackendOptions":
             return bound
@@ -69,6 +78,4 @@ def backend_options(compiler_fn: Any) -> Any:
                 return apply_mode(parse_options(kwargs.get("options")), kwargs.get("mode"))
             except Exception:
                 return None
-        fn = getattr(fn, "compiler_fn", None) or getattr(fn, "__wrapped__", None)
-        seen += 1
     return None

@@ -50,6 +50,7 @@ from torch.nn.modules import module as nn_module
 
 from ..logs import log
 from ..stats import record_fallback
+from .capture_hook import backend_chain, backend_options
 from .code_names import global_names, renamed
 from .replay import ResumeFactory, ResumeRouter
 from .signature import call_args
@@ -89,19 +90,14 @@ def install_route() -> None:
 
 def _route_options(callback: Any) -> Any:
     """The options of the ``npu_cached`` backend behind a ConvertFrame, else None."""
-    from .capture_hook import backend_options as _backend_options
-
     compiler_fn = getattr(callback, "_torchdynamo_orig_backend", None)
     if compiler_fn is None:
         return None
-    fn, seen = compiler_fn, 0
-    while fn is not None and seen < 8:  # make_backend()'s: the loader's own compiles (they tried the cache)
-        if getattr(fn, "replay_route", True) is False:
-            return None
-        fn = getattr(fn, "compiler_fn", None) or getattr(fn, "__wrapped__", None)
-        seen += 1
+    # make_backend()'s: the loader's own compiles (they tried the cache)
+    if any(getattr(fn, "replay_route", True) is False for fn in backend_chain(compiler_fn)):
+        return None
     try:
-        options = _backend_options(compiler_fn)
+        options = backend_options(compiler_fn)
     except Exception:
         return None
     if options is not None and options.guards == "load" and not _guards_chosen(compiler_fn):
@@ -116,15 +112,12 @@ def _guards_chosen(compiler_fn: Any) -> bool:
     as Dynamo's own guards do: a module attribute changed between two calls retraces
     instead of replaying the old graph. ``guards="load"`` is the faster, ``load()``-like
     choice for code that does not mutate module state between calls."""
-    fn, seen = compiler_fn, 0
-    while fn is not None and seen < 8:
+    for fn in backend_chain(compiler_fn):
         if type(getattr(fn, "options", None)).__name__ == "BackendOptions":
             return True
         kwargs = getattr(fn, "kwargs", None)
         if isinstance(kwargs, dict) and "guards" in (kwargs.get("options") or {}):
             return True
-        fn = getattr(fn, "compiler_fn", None) or getattr(fn, "__wrapped__", None)
-        seen += 1
     return False
 
 

@@ -539,7 +539,7 @@ class _ReplayBuilder:
             raise _Rejected(f"graph {key[:12]} of the cached program is missing or broken")
         return graph.fn
 
-    def _verify_context(self, key: str, compiler: Any, manifest: dict[str, Any] | None = None) -> None:
+    def _verify_context(self, key: str, compiler: Any, manifest: dict[str, Any]) -> None:
         """The graph's key factors that do not depend on the graph (compiler settings,
         thread count, deterministic mode, versions...) must equal this process's:
         a factor in the key protects this route too."""
@@ -551,10 +551,6 @@ class _ReplayBuilder:
         if compiler.name not in self.context:
             self.context[compiler.name] = context_factors(compiler, self.options)
         expected = self.context[compiler.name]
-        if manifest is None:
-            manifest = self.graph_store.read_manifest(key) if self.graph_store.exists(key) else None
-        if manifest is None:
-            return  # load_graph reports the miss
         stored = manifest.get("factors") or {}
         diffs = keys.explain_difference({k: stored.get(k) for k in expected}, expected)
         diffs += keys.stale_call_targets(stored.get("call_targets"))  # functions/ops the graph calls by name
