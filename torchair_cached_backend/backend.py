@@ -13,7 +13,8 @@ from typing import Any
 from . import key as keys
 from .cached_graph import CachedGraph
 from .compilers import get_compiler
-from .compilers.base import Artifact, InnerCompiler
+from .compilers.base import Artifact, InnerCompiler  # noqa: F401  (Artifact: re-exported)
+from .graph_load import graph_store, load_graph  # noqa: F401  (re-exported: the load side of a graph)
 from .logs import log, warn_once
 from .options import BackendOptions, OptionError, parse_options
 from .stats import record, record_uncached
@@ -28,12 +29,6 @@ def _needs_autograd(example_inputs: list[Any]) -> bool:
     return torch.is_grad_enabled() and any(
         isinstance(t, torch.Tensor) and t.requires_grad for t in example_inputs
     )
-
-
-def graph_store(options: BackendOptions) -> Store:
-    """Where graphs live: ``graph_dir`` when set (shared, e.g. by the ranks of one
-    job: entries are content-addressed by key), else the cache dir itself."""
-    return Store(options.graph_dir or options.cache_dir, "graphs")
 
 
 def _identity(factors: dict[str, Any]) -> str:
@@ -122,24 +117,6 @@ def _input_dims(gm: Any) -> dict[str, list[int | None]]:
         if isinstance(value, torch.Tensor) and name.startswith("L['") and name.endswith("']"):
             dims[name[3:-2]] = [d if isinstance(d, int) else None for d in value.shape]
     return dims
-
-
-def load_graph(store: Store, key: str, compiler: InnerCompiler, options: BackendOptions) -> CachedGraph | None:
-    """The stored graph ``key`` loaded by ``compiler``, or None (missing or set aside as broken)."""
-    t0 = time.perf_counter()
-    entry = store.load(key)
-    if entry is None:
-        return None
-    artifact = Artifact(files=entry.files, meta=entry.manifest.get("meta", {}), root=entry.files_dir)
-    try:
-        fn = compiler.load(artifact, options)
-    except Exception as exc:  # an entry we cannot load is never run: set aside, rebuild
-        store.quarantine(key, f"{compiler.name} could not load it: {type(exc).__name__}: {exc}")
-        return None
-    dt = time.perf_counter() - t0
-    record(hits=1, load_seconds=dt)
-    log.info("npu_cached hit %s (%s) loaded in %.3fs", key[:12], compiler.name, dt)
-    return CachedGraph(fn, key, compiler.name, cached=True)
 
 
 def _compile_and_store(
