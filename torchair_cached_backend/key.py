@@ -90,13 +90,13 @@ def context_factors(compiler: InnerCompiler, options: BackendOptions) -> dict[st
     Cheap after the first call in a process (what cannot change is memoized by
     the parts below); never imports Dynamo or Inductor, never compiles.
     """
-    from .torchair_config import normalized_config_snapshot
+    from .bypass.program import _config_snapshot
 
     return {
         "format": FORMAT_VERSION,
         "compiler": compiler.name,
         "compiler_factors": compiler.hash_factors(options),
-        "config": normalized_config_snapshot(options.config),
+        "config": _config_snapshot(options.config),
         "ge_cache": bool(options.ge_cache),
         "decompositions": decomposition_factors(options.custom_decompositions),
         "environment": environment_factors(),
