@@ -20,7 +20,6 @@ guards stand in for Dynamo's:
 from __future__ import annotations
 
 import builtins
-import hashlib
 import sys
 import time
 import types
@@ -126,7 +125,9 @@ def build_replay(
         module = None
     replay = ReplayedFunction(variants, bound_self, name, fallback, module, original=func)
     if program.get("callees") and bound_self is not None and not isinstance(bound_self, type):
-        _install_callees(bound_self, program["callees"], options, name)
+        from .loader_callees import install_callees
+
+        install_callees(bound_self, program["callees"], options, name)
     dt = time.perf_counter() - t0
     record(bypass_loads=1, load_seconds=dt)
     log.info("npu_cached bypass load %s (%s, %d of %d variant(s)) in %.3fs", name, compiler_name,
@@ -154,42 +155,6 @@ def _cached_program(
     if program.get("format") != PROGRAM_FORMAT:
         raise CacheMiss(f"cached program for {name} has another format (written by another version)")
     return key, entry.files, program, name
-
-
-def _install_callees(bound_self: Any, callees: list[dict[str, str]], options: BackendOptions, name: str) -> None:
-    """Methods the function calls that Dynamo compiled on their own (a graph break
-    inside a layer's forward or a helper): each gets its own replay, installed on the
-    instance (``layer.forward``, ``self.helper``), so the replayed (or, for a frame
-    Dynamo skipped, plain) caller calls the replay. A callee with no usable program
-    gets a stand-in that compiles it (a counted fallback), never plain eager."""
-    import torch
-
-    for callee in callees:
-        path, attr = callee.get("path", ""), callee.get("attr", "")
-        try:
-            owner = bound_self.get_submodule(path) if path else bound_self
-        except (AttributeError, TypeError):
-            log.info("npu_cached: %s: callee %s.%s is not there; not installed", name, path or "self", attr)
-            continue
-        func = None
-        for klass in type(owner).__mro__:
-            if attr in vars(klass):
-                func = vars(klass)[attr]
-                break
-        if not isinstance(func, types.FunctionType):
-            continue
-        if attr in owner.__dict__ and not isinstance(owner.__dict__[attr], ReplayedFunction):
-            log.info("npu_cached: %s: %s.%s is set on the instance; its cached program is not installed",
-                     name, path or "self", attr)
-            continue
-        method = types.MethodType(func, owner)
-        try:
-            replay: Callable[..., Any] = build_replay(method, options)
-        except CacheMiss as miss:
-            log.info("npu_cached: %s calls %s.%s: %s; compiling it instead", name, path or "self", attr, miss)
-            replay = _stand_in(method, options, miss)
-        if isinstance(owner, torch.nn.Module) or hasattr(owner, "__dict__"):
-            owner.__dict__[attr] = replay
 
 
 def _torch_compile_fallback(target: Any, options: BackendOptions) -> Callable[[], Callable[..., Any]]:
@@ -247,28 +212,11 @@ class _ReplayBuilder:
         self.values: dict[str, Any] = {}  # our global name -> value (installed into scope once all checks pass)
         self.context: dict[str, dict[str, Any]] = {}
         self.consts: dict[str, Any] = {}  # decoded guard constants, shared by the program's frames
-        self.renames = self._global_callees(program.get("callees", []))
+        self.renames: dict[str, str] = {}
+        if program.get("callees"):  # methods / helpers Dynamo compiled on their own (``loader_callees``)
+            from .loader_callees import global_callees
 
-    def _global_callees(self, callees: list[dict[str, str]]) -> dict[str, str]:
-        """Module-level functions the frames call by name that Dynamo compiled on their own
-        (a graph break inside a helper): each gets its own replay under a name of ours,
-        and the frames' code calls that name (the module's own global is left alone)."""
-        renames: dict[str, str] = {}
-        for callee in callees:
-            name = callee.get("global")
-            func = self.scope.get(name) if name else None
-            if not isinstance(func, types.FunctionType):
-                continue
-            ours = "___tcb_callee_" + hashlib.sha256(f"{func.__module__}.{func.__qualname__}".encode()).hexdigest()[:16]
-            if not isinstance(self.scope.get(ours), ReplayedFunction):
-                try:
-                    replay: Callable[..., Any] = build_replay(func, self.options)
-                except CacheMiss as miss:
-                    log.info("npu_cached: %s calls %s: %s; compiling it instead", self.func.__qualname__, name, miss)
-                    replay = _stand_in(func, self.options, miss)
-                self.scope[ours] = replay
-            renames[name] = ours
-        return renames
+            self.renames = global_callees(self, program["callees"])
 
     def _code(self, blob: str) -> types.CodeType:
         code = code_codec.loads_code(self.files[blob], verified=True)  # the store checked its sha256
@@ -518,14 +466,31 @@ def _load_ddp(ddp: Any, options: BackendOptions, fallback: bool) -> Callable[...
 
 def _stand_in(target: Any, options: BackendOptions, miss: CacheMiss) -> ReplayedFunction:
     """A miss served by compiling (``loader_miss``): counted, every call compiled by Dynamo."""
-    from .loader_miss import _compiling_stand_in, _reason_kind
+    from .loader_miss import _compiling_stand_in
 
     record_fallback(_reason_kind(str(miss)))
     return _compiling_stand_in(target, options, str(miss))
 
 
+def _reason_kind(message: str) -> str:
+    """A short, countable reason for ``stats().fallback_reasons``."""
+    for needle, kind in (
+        ("no cached program", "nothing cached"),
+        ("was edited", "function edited"),
+        ("code changed", "traced code changed"),
+        ("specialized on changed", "guards failed at load"),
+        ("not replayable when captured", "not replayable"),
+        ("other settings", "compiled under other settings"),
+        ("parameters/buffers changed", "parameters changed"),
+        ("another format", "older cache format"),
+    ):
+        if needle in message:
+            return kind
+    return "other"
+
+
 #: what only a miss needs (``loader_miss``), re-exported on first use
-_MISS_SIDE = frozenset({"_why_missing", "_compiling_stand_in", "_reason_kind"})
+_MISS_SIDE = frozenset({"_why_missing", "_compiling_stand_in"})
 
 
 def __getattr__(name: str) -> Any:

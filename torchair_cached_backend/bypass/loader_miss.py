@@ -2,9 +2,8 @@
 
 ``_why_missing`` explains a program miss (and sets aside a stale program of an
 edited function); ``_compiling_stand_in`` is what ``load()`` returns (and installs for
-a callee) with nothing to replay: every call compiled by Dynamo, caching as it goes;
-``_reason_kind`` names the miss in ``stats().fallback_reasons``. A hit never imports
-this module.
+a callee) with nothing to replay: every call compiled by Dynamo, caching as it goes.
+A hit never imports this module.
 """
 
 from __future__ import annotations
@@ -68,20 +67,3 @@ def _compiling_stand_in(target: Any, options: BackendOptions, why: str) -> Calla
     name = getattr(func, "__qualname__", None) or func.__name__
     return ReplayedFunction([], bound_self, name, _torch_compile_fallback(target, options), module,
                             original=func, miss=why)
-
-
-def _reason_kind(message: str) -> str:
-    """A short, countable reason for ``stats().fallback_reasons``."""
-    for needle, kind in (
-        ("no cached program", "nothing cached"),
-        ("was edited", "function edited"),
-        ("code changed", "traced code changed"),
-        ("specialized on changed", "guards failed at load"),
-        ("not replayable when captured", "not replayable"),
-        ("other settings", "compiled under other settings"),
-        ("parameters/buffers changed", "parameters changed"),
-        ("another format", "older cache format"),
-    ):
-        if needle in message:
-            return kind
-    return "other"
