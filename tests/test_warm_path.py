@@ -256,6 +256,7 @@ def test_a_warm_load_imports_only_the_read_side(stacks):
     assert out["ok"], out
     assert "torchair_cached_backend.bypass.loader" in out["imported"], out  # the load did happen here
     assert not set(NOT_ON_THE_WARM_PATH) & set(out["imported"]), out["imported"]
+    assert not set(COLD_SIDE_MODULES) & set(out["imported"]), out["imported"]
 
 
 def test_older_program_format_is_rebuilt_never_read(stacks):
@@ -375,26 +376,48 @@ def llama_warm(tmp_path_factory):
             f(**inputs)
         emit({{}})
         """))
-    return run_python(LLAMA + textwrap.dedent(f"""
-        model, inputs = hf_tiny.build("llama")
-        with torch.no_grad():
-            expected = model(**inputs).logits
-            before = set(sys.modules)
-            import torchair_cached_backend as tcb
-            f = tcb.load(model, {d!r}, compiler="eager", fallback=False)
-            got = f(**inputs).logits
-        imported = sorted(m for m in set(sys.modules) - before if m.startswith("torchair_cached_backend"))
-        from child_helpers import frames
-        emit({{"ok": bool(torch.allclose(got, expected, atol=1e-5)), "imported": imported, "frames": frames(),
-               "stats": tcb.stats().as_dict()}})
-        """))
+    warm = {}
+    for route, make in (("load", f"tcb.load(model, {d!r}, compiler='eager', fallback=False)"),
+                        ("backend", f"torch.compile(model, backend='npu_cached', "
+                                    f"options={{'cache_dir': {d!r}, 'compiler': 'eager'}})")):
+        warm[route] = run_python(LLAMA + textwrap.dedent(f"""
+            model, inputs = hf_tiny.build("llama")
+            with torch.no_grad():
+                expected = model(**inputs).logits
+                before = set(sys.modules)
+                import torchair_cached_backend as tcb
+                f = {make}
+                got = f(**inputs).logits
+            imported = sorted(m for m in set(sys.modules) - before if m.startswith("torchair_cached_backend"))
+            from child_helpers import frames
+            emit({{"ok": bool(torch.allclose(got, expected, atol=1e-5)), "imported": imported, "frames": frames(),
+                   "stats": tcb.stats().as_dict()}})
+            """))
+    return warm
 
 
 def test_warm_load_imports_only_the_warm_path_modules(llama_warm):
-    out = llama_warm
+    out = llama_warm["load"]
     assert out["ok"] and out["frames"] == 0 and out["stats"]["bypass_loads"] >= 1, out
     assert "torchair_cached_backend.bypass.loader" in out["imported"], out  # the load happened in this process
     assert set(out["imported"]) <= WARM_PATH_MODULES, sorted(set(out["imported"]) - WARM_PATH_MODULES)
+    assert not set(COLD_SIDE_MODULES) & set(out["imported"]), out["imported"]
+
+
+#: what the backend route adds to a load's modules: the hook, the frame-cache install, mode mapping
+ROUTE_MODULES = frozenset("torchair_cached_backend.bypass." + m for m in ("capture_hook", "frame_install",
+                                                                          "debug_wrapper")) | {
+    "torchair_cached_backend.compile_mode"}
+
+
+def test_warm_backend_route_imports_no_cold_side(llama_warm):
+    # torch.compile(model, backend="npu_cached") on a warm cache replays from Dynamo's frame cache:
+    # the backend itself (compile side) is never imported, nor a write, a miss or a merge
+    out = llama_warm["backend"]
+    assert out["ok"] and out["frames"] == 0, out
+    assert "torchair_cached_backend.bypass.frame_install" in out["imported"], out
+    allowed = WARM_PATH_MODULES | ROUTE_MODULES
+    assert set(out["imported"]) <= allowed, sorted(set(out["imported"]) - allowed)
     assert not set(COLD_SIDE_MODULES) & set(out["imported"]), out["imported"]
 
 

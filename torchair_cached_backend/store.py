@@ -4,8 +4,11 @@ Modules: ``store_layout`` (names, entries, the bounded manifest parse),
 ``store_backend`` (the backend protocol and the local-directory backend: root
 fd, atomic publish, verification), ``store_faults`` (faults counted, warned once,
 never raised), ``store_locks`` (bounded per-key compile locks that name their
-holder). This module decides: what a broken entry becomes (quarantine, or only a
-report on a read-only dir), when last-used is refreshed, how a fault degrades.
+holder), ``store_write`` / ``store_backend_write`` (the write sides: publish, replace,
+quarantine, locks, remove, sweep; imported by the first write, so a warm load, which
+only reads, never imports them). This module decides: what a broken entry becomes
+(quarantine, or only a report on a read-only dir), when last-used is refreshed, how a
+fault degrades.
 
 Writes go to a temporary directory that is renamed into place, so a reader
 sees a whole entry or none, and a crash mid-write loses nothing that was

@@ -15,6 +15,10 @@ guards stand in for Dynamo's:
   mode, autocast, default dtype, ``training`` flags) select the variant; when
   none matches, the call is compiled by Dynamo (the program then gains that
   variant) - never a stale variant, never a crash inside a kernel.
+
+This module is the hit path. What a program needs only sometimes is imported when
+it does: a miss (``loader_miss``), the code after a graph break (``loader_resume``),
+methods compiled on their own (``loader_callees``); graphs load through ``graph_load``.
 """
 
 from __future__ import annotations
