@@ -256,6 +256,7 @@ def test_a_warm_load_imports_only_the_read_side(stacks):
     assert out["ok"], out
     assert "torchair_cached_backend.bypass.loader" in out["imported"], out  # the load did happen here
     assert not set(NOT_ON_THE_WARM_PATH) & set(out["imported"]), out["imported"]
+    assert not set(COLD_SIDE_MODULES) & set(out["imported"]), out["imported"]
 
 
 def test_older_program_format_is_rebuilt_never_read(stacks):
@@ -336,3 +337,114 @@ def test_looped_load_checks_evaluate_every_guard():
         assert check(scope(changed)) != -1 and full(scope(changed)) is False, i
         changed[i] = 2  # an int: the type half of the guard
         assert check(scope(changed)) != -1 and full(scope(changed)) is False, i
+
+
+# ---- the import diet: a warm load imports the read side of our package, nothing a compile needs ----
+
+#: every module of ours a warm ``tcb.load`` + first call with the eager inner compiler may import (in a
+#: process that imported transformers, hence Dynamo): what only a compile, a miss, a write, a merge, a
+#: graph break, a rare codec kind or the CLI needs lives in modules outside this list
+WARM_PATH_MODULES = frozenset("torchair_cached_backend" + m for m in (
+    "", ".options", ".registry", ".stats", ".logs", ".environment", ".fingerprint", ".key", ".code_codec",
+    ".fs_security", ".store_layout", ".store_backend", ".store", ".graph_load", ".cached_graph",
+    ".compilers", ".compilers.base", ".compilers.eager", ".compilers.pycode",
+    ".bypass", ".bypass.loader", ".bypass.program", ".bypass.replay", ".bypass.sources", ".bypass.signature",
+    ".bypass.code_names", ".bypass.dynamo_stub", ".bypass.guard_runtime",
+))
+#: cold-side modules every warm load used to import (each split off a module a warm load still needs)
+COLD_SIDE_MODULES = tuple("torchair_cached_backend." + m for m in (
+    "backend", "key_graph", "store_write", "store_backend_write", "store_faults", "fs_write", "torchair_config",
+    "code_decode_rare", "compilers.eager_compile", "bypass.loader_miss", "bypass.loader_resume",
+    "bypass.loader_callees", "bypass.replay_resume", "bypass.program_merge", "bypass.sources_capture",
+))
+
+LLAMA = """
+import sys
+import torch, transformers                # transformers imports Dynamo, before our package
+import hf_tiny
+"""
+
+
+@pytest.fixture(scope="module")
+def llama_warm(tmp_path_factory):
+    d = str(tmp_path_factory.mktemp("llama_diet"))
+    run_python(LLAMA + textwrap.dedent(f"""
+        import torchair_cached_backend as tcb
+        model, inputs = hf_tiny.build("llama")
+        f = torch.compile(model, backend="npu_cached", options={{"cache_dir": {d!r}, "compiler": "eager"}})
+        with torch.no_grad():
+            f(**inputs)
+        emit({{}})
+        """))
+    warm = {}
+    for route, make in (("load", f"tcb.load(model, {d!r}, compiler='eager', fallback=False)"),
+                        ("backend", f"torch.compile(model, backend='npu_cached', "
+                                    f"options={{'cache_dir': {d!r}, 'compiler': 'eager'}})")):
+        warm[route] = run_python(LLAMA + textwrap.dedent(f"""
+            model, inputs = hf_tiny.build("llama")
+            with torch.no_grad():
+                expected = model(**inputs).logits
+                before = set(sys.modules)
+                import torchair_cached_backend as tcb
+                f = {make}
+                got = f(**inputs).logits
+            imported = sorted(m for m in set(sys.modules) - before if m.startswith("torchair_cached_backend"))
+            from child_helpers import frames
+            emit({{"ok": bool(torch.allclose(got, expected, atol=1e-5)), "imported": imported, "frames": frames(),
+                   "stats": tcb.stats().as_dict()}})
+            """))
+    return warm
+
+
+def test_warm_load_imports_only_the_warm_path_modules(llama_warm):
+    out = llama_warm["load"]
+    assert out["ok"] and out["frames"] == 0 and out["stats"]["bypass_loads"] >= 1, out
+    assert "torchair_cached_backend.bypass.loader" in out["imported"], out  # the load happened in this process
+    assert set(out["imported"]) <= WARM_PATH_MODULES, sorted(set(out["imported"]) - WARM_PATH_MODULES)
+    assert not set(COLD_SIDE_MODULES) & set(out["imported"]), out["imported"]
+
+
+#: what the backend route adds to a load's modules: the hook, the frame-cache install, mode mapping
+ROUTE_MODULES = frozenset("torchair_cached_backend.bypass." + m for m in ("capture_hook", "frame_install",
+                                                                          "debug_wrapper")) | {
+    "torchair_cached_backend.compile_mode"}
+
+
+def test_warm_backend_route_imports_no_cold_side(llama_warm):
+    # torch.compile(model, backend="npu_cached") on a warm cache replays from Dynamo's frame cache:
+    # the backend itself (compile side) is never imported, nor a write, a miss or a merge
+    out = llama_warm["backend"]
+    assert out["ok"] and out["frames"] == 0, out
+    assert "torchair_cached_backend.bypass.frame_install" in out["imported"], out
+    allowed = WARM_PATH_MODULES | ROUTE_MODULES
+    assert set(out["imported"]) <= allowed, sorted(set(out["imported"]) - allowed)
+    assert not set(COLD_SIDE_MODULES) & set(out["imported"]), out["imported"]
+
+
+def test_split_off_names_stay_importable_where_they_were():
+    # the cold side moved to modules of its own; each name is still served by its old module (lazily)
+    import importlib
+
+    moved = {
+        "key": ("key_graph", ("compute_key", "graph_factors", "runtime_state_factors", "training_factors")),
+        "store": ("store_write", ("default_lock_timeout",)),
+        "fs_security": ("fs_write", ("write_at", "ensure_dir", "read_private")),
+        "backend": ("graph_load", ("load_graph", "graph_store")),
+        "bypass.loader": ("bypass.loader_miss", ("_why_missing", "_compiling_stand_in")),
+        "bypass.replay": ("bypass.replay_resume", ("ResumeDispatch", "ResumeFactory", "ResumeRouter")),
+        "bypass.program": ("bypass.program_merge", ("merge_programs",)),
+        "bypass.sources": ("bypass.sources_capture", ("describe_traced", "is_library_file")),
+    }
+    for old, (new, names) in moved.items():
+        before = importlib.import_module(f"torchair_cached_backend.{old}")
+        after = importlib.import_module(f"torchair_cached_backend.{new}")
+        for name in names:
+            assert getattr(before, name) is getattr(after, name), (old, new, name)
+    from torchair_cached_backend import code_codec
+    from torchair_cached_backend.code_decode_rare import RARE_DECODERS
+    from torchair_cached_backend.store import _UNWRITABLE, report, write_blocker  # noqa: F401
+
+    assert code_codec.decode_value({"kind": "range", "start": 1, "stop": 7, "step": 2}) == range(1, 7, 2)
+    assert not set(RARE_DECODERS) & set(code_codec._DECODERS)
+    with pytest.raises(code_codec.CodecError, match="unknown descriptor kind"):
+        code_codec.decode_value({"kind": "no-such-kind"})

@@ -12,10 +12,12 @@ from typing import Any
 
 from . import key as keys
 from .cached_graph import CachedGraph
+from .compile_mode import COMPILE_MODES, apply_mode  # noqa: F401  (re-exported)
 from .compilers import get_compiler
-from .compilers.base import Artifact, InnerCompiler
+from .compilers.base import Artifact, InnerCompiler  # noqa: F401  (Artifact: re-exported)
+from .graph_load import graph_store, load_graph  # noqa: F401  (re-exported: the load side of a graph)
 from .logs import log, warn_once
-from .options import BackendOptions, OptionError, parse_options
+from .options import BackendOptions, parse_options
 from .stats import record, record_uncached
 from .store import Store
 
@@ -28,12 +30,6 @@ def _needs_autograd(example_inputs: list[Any]) -> bool:
     return torch.is_grad_enabled() and any(
         isinstance(t, torch.Tensor) and t.requires_grad for t in example_inputs
     )
-
-
-def graph_store(options: BackendOptions) -> Store:
-    """Where graphs live: ``graph_dir`` when set (shared, e.g. by the ranks of one
-    job: entries are content-addressed by key), else the cache dir itself."""
-    return Store(options.graph_dir or options.cache_dir, "graphs")
 
 
 def _identity(factors: dict[str, Any]) -> str:
@@ -124,24 +120,6 @@ def _input_dims(gm: Any) -> dict[str, list[int | None]]:
     return dims
 
 
-def load_graph(store: Store, key: str, compiler: InnerCompiler, options: BackendOptions) -> CachedGraph | None:
-    """The stored graph ``key`` loaded by ``compiler``, or None (missing or set aside as broken)."""
-    t0 = time.perf_counter()
-    entry = store.load(key)
-    if entry is None:
-        return None
-    artifact = Artifact(files=entry.files, meta=entry.manifest.get("meta", {}), root=entry.files_dir)
-    try:
-        fn = compiler.load(artifact, options)
-    except Exception as exc:  # an entry we cannot load is never run: set aside, rebuild
-        store.quarantine(key, f"{compiler.name} could not load it: {type(exc).__name__}: {exc}")
-        return None
-    dt = time.perf_counter() - t0
-    record(hits=1, load_seconds=dt)
-    log.info("npu_cached hit %s (%s) loaded in %.3fs", key[:12], compiler.name, dt)
-    return CachedGraph(fn, key, compiler.name, cached=True)
-
-
 def _compile_and_store(
     store: Store,
     key: str,
@@ -190,37 +168,6 @@ def _bound_size(store: Store, max_size: int, just_stored: str) -> None:
         bound(store, max_size, just_stored)  # a ledger: a full scan only when over max_size, or now and then
     except Exception as exc:  # bounding the cache must never fail the user's call
         warn_once(f"prune:{store.root}", "npu_cached: could not bound the cache %s to max_size: %s", store.root, exc)
-
-
-#: ``torch.compile(mode=...)`` values (Inductor's): accepted by ``npu_cached`` as a serious backend does
-COMPILE_MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
-
-
-def apply_mode(options: BackendOptions, mode: str | None) -> BackendOptions:
-    """Map ``torch.compile``'s ``mode`` onto the inner compiler: ``"reduce-overhead"`` is graph
-    capture, which torchair has (aclgraph: its ``CompilerConfig.mode = "reduce-overhead"``, unless
-    a ``config`` is given, which wins); elsewhere, and for the other modes, the graph is compiled
-    as by default, with one log line. (transformers' ``CompileConfig`` passes "reduce-overhead".)"""
-    if mode not in COMPILE_MODES:
-        raise OptionError(f"npu_cached: unknown torch.compile(mode={mode!r}); valid modes are "
-                          f"{', '.join(repr(m) for m in COMPILE_MODES[1:])} (or None)")
-    if mode in (None, "default"):
-        return options
-    compiler = options.resolved_compiler()
-    if mode == "reduce-overhead" and compiler == "torchair":
-        if options.config is not None:
-            warn_once(f"mode:{mode}:config", "npu_cached: torch.compile(mode=%r) with options={'config': ...}: "
-                      "the given torchair config (mode %s) is used", mode, getattr(options.config, "mode", "?"))
-            return options
-        from torchair import CompilerConfig
-
-        config = CompilerConfig()
-        config.mode = "reduce-overhead"
-        log.info("npu_cached: torch.compile(mode='reduce-overhead') -> torchair aclgraph (graph capture)")
-        return parse_options(dict(options.as_dict(), config=config))
-    warn_once(f"mode:{mode}:{compiler}", "npu_cached: torch.compile(mode=%r) has no counterpart in the %s inner "
-              "compiler here; graphs are compiled as with the default mode", mode, compiler)
-    return options
 
 
 def npu_cached(gm: Any, example_inputs: list[Any], *, options: dict[str, Any] | None = None, mode: str | None = None) -> Any:

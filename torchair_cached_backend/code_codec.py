@@ -21,7 +21,6 @@ by capture and re-exported here lazily.
 
 from __future__ import annotations
 
-import base64
 import collections.abc
 import enum
 import hashlib
@@ -177,16 +176,6 @@ def _resolve(module: object, qualname: object) -> object:
     return obj
 
 
-def _same(a: object, b: object) -> bool:
-    """Identity, or equality for objects rebuilt on access (bound methods)."""
-    if a is b:
-        return True
-    try:
-        return bool(a == b) and type(a) is type(b)
-    except Exception:
-        return False
-
-
 # --------------------------------------------------------------------------
 # decode_value
 # --------------------------------------------------------------------------
@@ -220,24 +209,11 @@ def _dec_function(desc: Desc) -> object:
     return obj
 
 
-def _dec_method(desc: Desc) -> object:
-    owner = decode_value(_get(desc, "owner", dict))
-    name = _get(desc, "name", str)
-    obj = getattr(owner, name, _MISSING) if name.isidentifier() else _MISSING
-    _expect(callable(obj), obj, f"a callable attribute {name!r}")
-    return obj
-
-
 def _dec_torch_attr(desc: Desc, typ: type) -> object:
     name = _get(desc, "name", str)
     obj = getattr(torch, name, None) if name.isidentifier() else None
     _expect(type(obj) is typ, obj, f"a {typ.__qualname__} named torch.{name}")
     return obj
-
-
-def _dec_info(desc: Desc, ctor: Callable[[torch.dtype], object]) -> object:
-    dtype = _dec_torch_attr({"kind": "dtype", "name": _get(desc, "dtype", str)}, torch.dtype)
-    return ctor(typing.cast(torch.dtype, dtype))
 
 
 def _dec_device(desc: Desc) -> torch.device:
@@ -280,56 +256,8 @@ def _dec_enum(desc: Desc) -> object:
     return member
 
 
-def _dec_namedtuple(desc: Desc) -> tuple[Any, ...]:
-    cls = typing.cast(Any, _dec_class(_get(desc, "cls", dict)))
-    names = _get(desc, "names", list)
-    _expect(
-        issubclass(cls, tuple) and list(getattr(cls, "_fields", ())) == names,
-        cls,
-        f"a namedtuple class with fields {names}",
-    )
-    return typing.cast(tuple, cls._make([decode_value(d) for d in _get(desc, "fields", list)]))
-
-
-def _dec_op(desc: Desc) -> object:
-    """``torch.ops.<namespace>.<name>[.<overload>]``, found through torch's op registry."""
-    namespace, _, name = _get(desc, "name", str).partition("::")
-    op: Any = getattr(getattr(torch.ops, namespace), name)
-    overload = desc.get("overload")
-    if overload is not None:
-        op = getattr(op, _get(desc, "overload", str))
-    return op
-
-
-def _dec_op_namespace(desc: Desc) -> object:
-    name = _get(desc, "name", str)
-    _expect(name.isidentifier(), name, "an operator namespace name")
-    return getattr(torch.ops, name)
-
-
 def _dec_module(desc: Desc) -> types.ModuleType:
     return _import(_get(desc, "name", str))
-
-
-def _dec_module_dict(desc: Desc) -> dict[str, Any]:
-    return vars(_dec_module({"kind": "module", "name": _get(desc, "module", str)}))
-
-
-def _dec_typing_alias(desc: Desc) -> object:
-    args = tuple(decode_value(d) for d in _get(desc, "args", list))
-    if "typing_name" in desc:
-        name = _get(desc, "typing_name", str)
-        base = getattr(typing, name, None) if name.isidentifier() else None
-        _expect(base is not None, base, f"typing.{name}")
-    else:
-        base = _dec_class(_get(desc, "origin", dict))
-    return typing.cast(Any, base)[args[0] if len(args) == 1 else args]
-
-
-def _dec_generic_alias(desc: Desc) -> types.GenericAlias:
-    origin = decode_value(_get(desc, "origin", dict))
-    _expect(isinstance(origin, type), origin, "a class")
-    return types.GenericAlias(origin, tuple(decode_value(d) for d in _get(desc, "args", list)))
 
 
 def _dec_dict(desc: Desc) -> dict[Any, Any]:
@@ -341,13 +269,6 @@ def _dec_dict(desc: Desc) -> dict[Any, Any]:
     return out
 
 
-def _dec_bytes(desc: Desc) -> bytes:
-    try:
-        return base64.b64decode(_get(desc, "b64", str), validate=True)
-    except ValueError as exc:
-        raise CodecError("malformed 'bytes' descriptor", fix=_FIX_STALE) from exc
-
-
 def _dec_float(desc: Desc, key: str = "hex") -> float:
     try:
         return float.fromhex(_get(desc, key, str))
@@ -355,6 +276,7 @@ def _dec_float(desc: Desc, key: str = "hex") -> float:
         raise CodecError(f"malformed float in {desc.get('kind')!r} descriptor", fix=_FIX_STALE) from exc
 
 
+#: the kinds most programs hold; the rest (``code_decode_rare``) are imported by the first value of such a kind
 _DECODERS: dict[str, Callable[[Desc], object]] = {
     "none": lambda d: None,
     "ellipsis": lambda d: Ellipsis,
@@ -362,38 +284,19 @@ _DECODERS: dict[str, Callable[[Desc], object]] = {
     "bool": lambda d: _get(d, "value", bool),
     "int": lambda d: _get(d, "value", int),
     "float": _dec_float,
-    "complex": lambda d: complex(_dec_float(d, "real"), _dec_float(d, "imag")),
     "str": lambda d: _get(d, "value", str),
-    "bytes": _dec_bytes,
     "tuple": lambda d: tuple(decode_value(x) for x in _get(d, "items", list)),
-    "frozenset": lambda d: frozenset(decode_value(x) for x in _get(d, "items", list)),
     "dict": _dec_dict,
     "dtype": lambda d: _dec_torch_attr(d, torch.dtype),
     "memory_format": lambda d: _dec_torch_attr(d, torch.memory_format),
     "layout": lambda d: _dec_torch_attr(d, torch.layout),
     "device": _dec_device,
     "size": _dec_size,
-    "finfo": lambda d: _dec_info(d, torch.finfo),
-    "iinfo": lambda d: _dec_info(d, torch.iinfo),
-    "slice": lambda d: slice(
-        decode_value(_get(d, "start", dict)),
-        decode_value(_get(d, "stop", dict)),
-        decode_value(_get(d, "step", dict)),
-    ),
     "module": _dec_module,
-    "op": _dec_op,
-    "op_namespace": _dec_op_namespace,
     "list": lambda d: [decode_value(x) for x in _get(d, "items", list)],
-    "set": lambda d: {decode_value(x) for x in _get(d, "items", list)},
-    "range": lambda d: range(_get(d, "start", int), _get(d, "stop", int), _get(d, "step", int)),
-    "module_dict": _dec_module_dict,
     "class": _dec_class,
     "enum": _dec_enum,
-    "namedtuple": _dec_namedtuple,
     "function": _dec_function,
-    "method": _dec_method,
-    "generic_alias": _dec_generic_alias,
-    "typing_alias": _dec_typing_alias,
 }
 
 
@@ -406,6 +309,10 @@ def decode_value(desc: object) -> Any:
     if not isinstance(desc, dict) or not isinstance(desc.get("kind"), str):
         raise CodecError(f"malformed descriptor {_short_repr(desc)}", fix=_FIX_STALE)
     decoder = _DECODERS.get(desc["kind"])
+    if decoder is None:
+        from .code_decode_rare import RARE_DECODERS
+
+        decoder = RARE_DECODERS.get(desc["kind"])
     if decoder is None:
         raise CodecError(
             f"unknown descriptor kind {desc['kind']!r}",

@@ -37,9 +37,18 @@ from .code_codec import (
     _python_tag,
     _refuse,
     _resolve,
-    _same,
     decode_value,
 )
+
+
+def _same(a: object, b: object) -> bool:
+    """Identity, or equality for objects rebuilt on access (bound methods)."""
+    if a is b:
+        return True
+    try:
+        return bool(a == b) and type(a) is type(b)
+    except Exception:
+        return False
 
 
 def _locate(obj: object) -> tuple[str, str]:

@@ -209,7 +209,7 @@ _TARGETS = (
     ("torchair_cached_backend.code_codec", "loads_code", "decode"),
     ("torchair_cached_backend.bypass.guard_runtime", "decode_consts", "decode"),
     ("torchair_cached_backend.bypass.loader", "build_checks", "checks"),
-    ("torchair_cached_backend.backend", "load_graph", "graphs"),
+    ("torchair_cached_backend.graph_load", "load_graph", "graphs"),
 )
 
 

@@ -4,8 +4,11 @@ Modules: ``store_layout`` (names, entries, the bounded manifest parse),
 ``store_backend`` (the backend protocol and the local-directory backend: root
 fd, atomic publish, verification), ``store_faults`` (faults counted, warned once,
 never raised), ``store_locks`` (bounded per-key compile locks that name their
-holder). This module decides: what a broken entry becomes (quarantine, or only a
-report on a read-only dir), when last-used is refreshed, how a fault degrades.
+holder), ``store_write`` / ``store_backend_write`` (the write sides: publish, replace,
+quarantine, locks, remove, sweep; imported by the first write, so a warm load, which
+only reads, never imports them). This module decides: what a broken entry becomes
+(quarantine, or only a report on a read-only dir), when last-used is refreshed, how a
+fault degrades.
 
 Writes go to a temporary directory that is renamed into place, so a reader
 sees a whole entry or none, and a crash mid-write loses nothing that was
@@ -21,17 +24,13 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from . import fs_security as fs
 from . import store_backend as backend_mod
 from .fs_security import fcntl  # noqa: F401
 from .fs_security import flock as _flock  # noqa: F401
-from .logs import log, warn_once
-from .stats import record
 from .store_backend import KILL_STAGES, LocalDir, StorageBackend  # noqa: F401  (re-exported)
-from .store_faults import _UNWRITABLE, report, write_blocker  # noqa: F401
 from .store_layout import (  # noqa: F401  (the public names callers import from here)
     FILES_DIR,
     KINDS,
@@ -62,18 +61,11 @@ LOCK_TIMEOUT_ENV = "TORCHAIR_CACHE_LOCK_TIMEOUT"
 DEFAULT_LOCK_TIMEOUT_S = 600.0
 
 
-def default_lock_timeout() -> float:
-    """``$TORCHAIR_CACHE_LOCK_TIMEOUT`` seconds if set and valid, else 600."""
-    raw = os.environ.get(LOCK_TIMEOUT_ENV)
-    if raw:
-        try:
-            value = float(raw)
-            if value >= 0 and value == value and value != float("inf"):
-                return value
-        except ValueError:
-            pass
-        warn_once(f"lock-env:{raw}", "npu_cached: ignoring %s=%r (expected seconds >= 0)", LOCK_TIMEOUT_ENV, raw)
-    return DEFAULT_LOCK_TIMEOUT_S
+def _writes() -> Any:
+    """The write side of :class:`Store` (``store_write``)."""
+    from . import store_write
+
+    return store_write
 
 
 class Store:
@@ -112,39 +104,18 @@ class Store:
 
     # -- storage faults -------------------------------------------------
     def _fault(self, exc: OSError, doing: str, *, writing: bool = True, lock: bool = False) -> None:
+        from .store_faults import report
+
         report(self.root, exc, doing, writing=writing, lock=lock)
 
     def _write_blocker(self) -> OSError | None:
+        from .store_faults import write_blocker
+
         return write_blocker(self.root, self.dir)
 
     def writable(self) -> bool:
         """Whether this store may write (checked without writing anything)."""
         return self._write_blocker() is None
-
-    def prepare(self, *, quiet: bool = False) -> bool:
-        """Create the store's directories and CACHEDIR.TAG before a write.
-
-        False when the cache dir cannot be written; the fault is counted and
-        warned about unless ``quiet`` (a later write will report it)."""
-        if self._ready and backend_mod.root_fd(self.root, create=False) is not None:
-            return True
-        blocker = self._write_blocker()
-        if blocker is not None:
-            if not quiet:
-                self._fault(blocker, "write to the cache")
-            return False
-        try:
-            kfd = self.backend.kind_fd(self.kind, create=True)
-            if kfd is not None:
-                os.close(kfd)
-            self.backend.ensure_tag()
-        except fs.CacheSecurityError:
-            raise
-        except OSError as exc:
-            self._fault(exc, f"create the cache dir {self.dir}")
-            return False
-        self._ready = True
-        return True
 
     # -- read -----------------------------------------------------------
     def exists(self, key: str) -> bool:
@@ -259,239 +230,6 @@ class Store:
             return
         manifest["last_used"] = now
 
-    # -- write ----------------------------------------------------------
-    def save(self, key: str, files: dict[str, bytes], manifest: dict[str, Any]) -> str | None:
-        """Atomically publish an entry; if another process published ``key`` first, keep theirs.
-
-        Returns the entry's path, or None when nothing was published: the cache
-        dir cannot be written (read-only, full, no permission, I/O error; logged
-        once, counted in ``stats().storage_faults``, never raised), or a broken
-        entry of another writer is in the way. The caller then serves its result
-        uncached. A cache dir that vanished (a cleanup job) is recreated once."""
-        return self._publish(key, files, manifest, replace=False)
-
-    def _publish(self, key: str, files: dict[str, bytes], manifest: dict[str, Any], *, replace: bool) -> str | None:
-        final = self.entry_path(key)
-        for name in files:
-            if not valid_name(name):
-                raise ValueError(f"invalid blob name {name!r}: a plain file name without '/' or a leading '.'")
-        for attempt in (1, 2):
-            if not self.prepare():
-                return None
-            try:
-                if not self.backend.publish(self.kind, key, files, manifest, replace=replace):
-                    return None
-                from . import layers
-
-                layers.published(self, key, files, manifest, replace=replace)  # the remote, if any
-                from . import store_ledger as ledger  # the write side: never imported by a warm load
-
-                ledger.add(self.backend, sum(map(len, files.values())) + 4096)  # blobs, manifest and dirs, roughly
-                return final
-            except fs.CacheSecurityError:
-                raise
-            except FileNotFoundError as exc:
-                if attempt == 1:
-                    self._ready = False  # the cache dir vanished under us: recreate it and try again
-                    backend_mod.forget_root(self.root)
-                    continue
-                self._fault(exc, f"store the cache entry {self.kind}/{key[:12]}")
-            except OSError as exc:
-                self._fault(exc, f"store the cache entry {self.kind}/{key[:12]}")
-            return None
-        return None
-
-    def replace(self, key: str, files: dict[str, bytes], manifest: dict[str, Any]) -> str | None:
-        """Publish an entry, replacing an existing one (programs grow as frames compile).
-
-        The new entry is written completely (fsync'd) before the old one is swapped
-        out (an atomic exchange where the filesystem has it), so a full disk or a
-        crash leaves the old entry in place. Returns the path, or None when
-        nothing was published (a storage fault, as :meth:`save`)."""
-        final = self.entry_path(key)
-        if self._holds(key, files, manifest):
-            return final  # already published as is: no write (a warm start re-captures the same program)
-        return self._publish(key, files, manifest, replace=True)
-
-    def _holds(self, key: str, files: dict[str, bytes], manifest: dict[str, Any]) -> bool:
-        """Whether the published entry ``key`` already has exactly these blobs and manifest fields."""
-        import json
-
-        try:
-            existing = self.read_manifest(key)
-        except (BrokenEntry, OSError):
-            return False
-        if existing is None:
-            return False
-        stored = existing.get("files")
-        if not isinstance(stored, dict) or set(stored) != set(files):
-            return False
-        if any(stored[name].get("sha256") != sha256(data) for name, data in files.items()):
-            return False
-        wanted = json.loads(json.dumps(manifest, default=str))
-        return all(existing.get(k) == v for k, v in wanted.items())
-
-    def quarantine(self, key: str, reason: str, *, identity: tuple[int, int] | None = None) -> None:
-        """Move a broken entry aside (kept for inspection) and log why, once.
-
-        ``identity`` names the directory found broken: an entry a writer has
-        since swapped in is left alone. On a read-only cache dir nothing is
-        moved; the entry is reported and skipped."""
-        if self._write_blocker() is not None:
-            warn_once(
-                f"broken:{self.entry_path(key)}",
-                "npu_cached: cache entry %s/%s is broken (%s); the cache dir %s is read-only, so it is skipped "
-                "(not moved) and the graph is served uncached. Rebuild the cache where it is written.",
-                self.kind, key[:12], reason, self.root,
-            )
-            return
-        try:
-            dst = self.backend.move_to_quarantine(self.kind, key, identity)
-        except fs.CacheSecurityError:
-            raise
-        except OSError as exc:
-            self._fault(exc, f"move the broken cache entry {self.kind}/{key[:12]} to quarantine/ ({reason})")
-            return
-        if dst is None:
-            return  # gone, or another writer swapped in a new entry meanwhile
-        record(quarantined=1)
-        self._drop_lock_file(key)
-        log.warning("cache entry %s/%s is broken (%s); moved to %s and rebuilding", self.kind, key[:12], reason, dst)
-
-    # -- locks ----------------------------------------------------------
-    @contextlib.contextmanager
-    def lock(self, key: str, timeout: float | None = None) -> Iterator[None]:
-        """Cross-process lock per key: one process compiles, the others wait and load.
-
-        An flock: it dies with its process, so a lock left by a killed process
-        never blocks. Waiting is bounded by ``timeout`` (default: option
-        ``lock_timeout`` / ``$TORCHAIR_CACHE_LOCK_TIMEOUT``, else 600 s); the waiter
-        names the holder after 2 s, and on timeout the block runs without the
-        lock. It degrades to no lock (warned once, counted) where the lock file
-        cannot be created: a read-only dir gets no lock file at all. With a remote
-        the remote's lease lock is held inside it (``layers.fleet_lock``)."""
-        wait = default_lock_timeout() if timeout is None else timeout
-        held = self._acquire(key, wait)
-        try:
-            from . import layers
-
-            with layers.fleet_lock(self, key, wait):  # one node of a fleet compiles (a remote, if any)
-                yield
-        finally:
-            if held is not None:
-                with contextlib.suppress(OSError):
-                    held.release()
-
-    def _acquire(self, key: str, timeout: float) -> locks.KeyLock | None:
-        if not self.prepare(quiet=True):
-            return None  # read-only: the save that follows reports it
-        from . import store_locks as locks  # compiling only: never imported by a warm load
-
-        path = self._lock_path(key)
-        t0 = time.monotonic()
-        try:
-            dfd = self.backend.locks_fd(create=True)
-            assert dfd is not None
-            try:
-                held = locks.acquire(dfd, self._lock_name(key), timeout=timeout, what=f"{self.kind}/{key[:12]} in {self.root}")
-            finally:
-                os.close(dfd)
-        except fs.CacheSecurityError:
-            raise
-        except OSError as exc:
-            self._fault(
-                exc,
-                f"create the lock file {path} (compiles of one graph are not coordinated across processes meanwhile)",
-                lock=True,
-            )
-            return None
-        waited = time.monotonic() - t0
-        if held is not None and waited > _WAIT_LOG_S:
-            log.info("npu_cached: waited %.2fs for %s/%s (another process held its lock)", waited, self.kind, key[:12])
-        return held
-
-    @contextlib.contextmanager
-    def _try_key_lock(self, key: str) -> Iterator[locks.KeyLock | bool]:
-        """Hold the key's compile lock if nobody does: a KeyLock (or True when there is
-        no lock file: nobody can hold it); False when it is held. Never blocks."""
-        if self._write_blocker() is not None:
-            yield True
-            return
-        try:
-            dfd = self.backend.locks_fd(create=False)
-        except (OSError, fs.CacheSecurityError):
-            dfd = None
-        if dfd is None:
-            yield True
-            return
-        from . import store_locks as locks
-
-        try:
-            held = locks.try_acquire(dfd, self._lock_name(key))
-            try:
-                yield held
-            finally:
-                if isinstance(held, locks.KeyLock):
-                    held.release()
-        finally:
-            os.close(dfd)
-
-    def _drop_lock_file(self, key: str) -> None:
-        """Delete the key's lock file if nobody holds it (its entry is gone)."""
-        with contextlib.suppress(OSError), self._try_key_lock(key) as held:
-            if hasattr(held, "unlink"):  # a KeyLock
-                held.unlink()
-
-    # -- remove ---------------------------------------------------------
-    def remove(self, key: str) -> bool:
-        """Unpublish then delete an entry (and its idle lock file); False if absent
-        or it cannot be removed (a fault)."""
-        self.entry_path(key)
-        if self.backend.identity(self.kind, key) is None:
-            return False
-        blocker = self._write_blocker()
-        if blocker is not None:
-            self._fault(blocker, f"remove the cache entry {self.kind}/{key[:12]}")
-            return False
-        fds = self.backend.entry_fd(self.kind, key)  # refuses a symlink / foreign entry
-        if fds is not None:
-            for fd in fds:
-                os.close(fd)
-        try:
-            removed = self.backend.remove(self.kind, key)
-        except OSError as exc:
-            self._fault(exc, f"remove the cache entry {self.kind}/{key[:12]}")
-            return False
-        if removed:
-            self._drop_lock_file(key)
-        return removed
-
-    def remove_if_idle(self, key: str) -> bool:
-        """Remove ``key`` unless it is being read (a reader's shared flock on the
-        entry) or compiled (its lock is held). For pruning: never blocks."""
-        fds = self.backend.entry_fd(self.kind, key)
-        if fds is None:
-            return False
-        kfd, fd = fds
-        try:
-            if not _flock(fd, (fcntl.LOCK_EX | fcntl.LOCK_NB) if fcntl else 0):
-                return False
-            st = os.fstat(fd)
-            with self._try_key_lock(key) as held:
-                if held is False:
-                    return False
-                try:
-                    removed = self.backend.unpublish(self.kind, key, (st.st_dev, st.st_ino))
-                except OSError as exc:
-                    self._fault(exc, f"remove the cache entry {self.kind}/{key[:12]}")
-                    return False
-                if removed and hasattr(held, "unlink"):  # a KeyLock
-                    held.unlink()
-                return removed
-        finally:
-            os.close(fd)
-            os.close(kfd)
-
     def keys(self) -> list[str]:
         try:
             return self.backend.keys(self.kind)
@@ -501,10 +239,66 @@ class Store:
             self._fault(exc, f"list the cache dir {self.dir}")
             return []
 
+    # -- write, locks, remove (``store_write``: imported by the first write, never by a warm load) --
+    def prepare(self, *, quiet: bool = False) -> bool:
+        """Create the store's directories and CACHEDIR.TAG before a write (False: not writable)."""
+        return _writes().prepare(self, quiet=quiet)
+
+    def save(self, key: str, files: dict[str, bytes], manifest: dict[str, Any]) -> str | None:
+        """Atomically publish an entry; if another process published ``key`` first, keep theirs
+        (``store_write.save``). The entry's path, or None when nothing was published."""
+        return _writes().save(self, key, files, manifest)
+
+    def _publish(self, key: str, files: dict[str, bytes], manifest: dict[str, Any], *, replace: bool) -> str | None:
+        return _writes().publish(self, key, files, manifest, replace=replace)
+
+    def replace(self, key: str, files: dict[str, bytes], manifest: dict[str, Any]) -> str | None:
+        """Publish an entry, replacing an existing one once the new one is durable
+        (``store_write.replace``). The path, or None when nothing was published."""
+        return _writes().replace(self, key, files, manifest)
+
+    def _holds(self, key: str, files: dict[str, bytes], manifest: dict[str, Any]) -> bool:
+        return _writes().holds(self, key, files, manifest)
+
+    def quarantine(self, key: str, reason: str, *, identity: tuple[int, int] | None = None) -> None:
+        """Move a broken entry aside (kept for inspection) and log why, once (``store_write.quarantine``)."""
+        _writes().quarantine(self, key, reason, identity=identity)
+
+    def lock(self, key: str, timeout: float | None = None) -> contextlib.AbstractContextManager[None]:
+        """Cross-process lock per key: one process compiles, the others wait and load
+        (``store_write.lock``)."""
+        return _writes().lock(self, key, timeout)
+
+    def _acquire(self, key: str, timeout: float) -> locks.KeyLock | None:
+        return _writes().acquire(self, key, timeout)
+
+    def _try_key_lock(self, key: str) -> contextlib.AbstractContextManager[locks.KeyLock | bool]:
+        return _writes().try_key_lock(self, key)
+
+    def _drop_lock_file(self, key: str) -> None:
+        _writes().drop_lock_file(self, key)
+
+    def remove(self, key: str) -> bool:
+        """Unpublish then delete an entry (and its idle lock file); False if absent or it cannot be removed."""
+        return _writes().remove(self, key)
+
+    def remove_if_idle(self, key: str) -> bool:
+        """Remove ``key`` unless it is being read or compiled (``store_write.remove_if_idle``)."""
+        return _writes().remove_if_idle(self, key)
+
     def sweep(self, max_age_s: float = 3600.0) -> int:
-        """Delete leftovers of writers that died (``.tmp-*`` / ``.trash-*`` dirs
-        older than ``max_age_s``). Never an entry. Returns how many."""
-        try:
-            return self.backend.sweep(self.kind, max_age_s)
-        except (OSError, fs.CacheSecurityError):
-            return 0
+        """Delete leftovers of writers that died (``store_write.sweep``). Never an entry. Returns how many."""
+        return _writes().sweep(self, max_age_s)
+
+
+#: names callers import from here that live on the write side or with the faults: imported on first use
+_LAZY = {"default_lock_timeout": "store_write", "_UNWRITABLE": "store_faults", "report": "store_faults",
+         "write_blocker": "store_faults"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(f"{__package__}.{_LAZY[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

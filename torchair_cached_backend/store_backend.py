@@ -13,39 +13,30 @@ once without following a symlink; every path below it is opened with
 ``openat(O_NOFOLLOW|O_DIRECTORY)`` from that fd, so swapping the root's path (or
 any level below it) for a symlink mid-run changes nothing for this process. A
 root on a read-only filesystem is a *read-only base*: readable, never written
-(:meth:`writable` is False, the Store then skips every write).
+(:meth:`writable` is False, the Store then skips every write). Its writes are in
+``store_backend_write``, which a warm load (reads only) never imports.
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
-import shutil
-import time
-import uuid
 from collections import OrderedDict
 from typing import Any, Protocol
 
 from . import fs_security as fs
-from .store_faults import write_blocker
 from .store_layout import (
     FILES_DIR,
     LOCKS_DIR,
     MANIFEST,
-    QUARANTINE_DIR,
-    TAG,
-    TAG_TEXT,
     BrokenEntry,
     Entry,
-    encode_manifest,
     parse_manifest,
     sha256,
     valid_name,
 )
 
-#: test-only fault injection: SIGKILL this process at a stage of save() (tests/test_concurrency.py)
-_KILL_AT = os.environ.get("TORCHAIR_CACHE_TEST_KILL_AT") or None
+#: the stages of a save a test may SIGKILL a process at (``store_backend_write``, tests/test_concurrency.py)
 KILL_STAGES = ("between_blobs", "after_manifest", "before_rename", "after_rename")
 #: test seam: called with (kind, key) after an entry was verified, before its bytes are used
 AFTER_VERIFY: list[Any] = []
@@ -86,6 +77,13 @@ class StorageBackend(Protocol):
 
 _ROOT_FDS: OrderedDict[str, int] = OrderedDict()
 _MAX_ROOT_FDS = 128
+
+
+def _writes() -> Any:
+    """The write side of :class:`LocalDir` (``store_backend_write``)."""
+    from . import store_backend_write
+
+    return store_backend_write
 
 
 def root_fd(root: str, *, create: bool) -> int | None:
@@ -130,32 +128,6 @@ def subdir(parent_fd: int, name: str, *, create: bool, root: str) -> int | None:
     return fs.open_dir(name, dir_fd=parent_fd, root=root)
 
 
-def _rename_exchange(dir_fd: int, a: str, b: str) -> bool:
-    """Atomically swap ``a`` and ``b`` (Linux renameat2 RENAME_EXCHANGE); False where unsupported."""
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        fn = libc.renameat2
-    except (OSError, AttributeError):
-        return False
-    if fn(dir_fd, os.fsencode(a), dir_fd, os.fsencode(b), 2) == 0:
-        return True
-    code = ctypes.get_errno()
-    if code in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP):
-        return False
-    raise OSError(code, os.strerror(code), b)
-
-
-def _kill_point(stage: str) -> None:
-    """Test-only: ``TORCHAIR_CACHE_TEST_KILL_AT=<stage>`` SIGKILLs the process at
-    that stage of a save, to prove a crash never leaves a partial entry."""
-    if _KILL_AT == stage:
-        import signal
-
-        os.kill(os.getpid(), signal.SIGKILL)
-
-
 class LocalDir:
     """Entries in ``<root>/<kind>/<key>/`` (see the module docstring)."""
 
@@ -187,16 +159,9 @@ class LocalDir:
             raise
 
     def writable(self) -> bool:
-        return write_blocker(self.root, os.path.join(self.root, "graphs")) is None
+        from .store_faults import write_blocker
 
-    def ensure_tag(self) -> None:
-        rfd = self.root_fd(create=True)
-        assert rfd is not None
-        try:
-            os.stat(TAG, dir_fd=rfd, follow_symlinks=False)
-        except FileNotFoundError:
-            with contextlib.suppress(FileExistsError):
-                fs.write_at(rfd, TAG, TAG_TEXT.encode())
+        return write_blocker(self.root, os.path.join(self.root, "graphs")) is None
 
     # -- read -------------------------------------------------------------
     def verify_at(self, entry_fd: int, key: str) -> tuple[dict[str, Any], dict[str, bytes]]:
@@ -284,169 +249,37 @@ class LocalDir:
         finally:
             os.close(kfd)
 
-    # -- write ------------------------------------------------------------
-    def _stage(self, kfd: int, kind: str, key: str, files: dict[str, bytes], manifest: dict[str, Any]) -> str:
-        """A complete, fsync'd copy of the entry under a hidden name in the kind dir."""
-        tmp = f".tmp-{key[:16]}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        os.mkdir(tmp, fs.DIR_MODE, dir_fd=kfd)
-        try:
-            tfd = fs.open_dir(tmp, dir_fd=kfd, root=self.root)
-            try:
-                os.mkdir(FILES_DIR, fs.DIR_MODE, dir_fd=tfd)
-                ffd = fs.open_dir(FILES_DIR, dir_fd=tfd, root=self.root)
-                infos = {}
-                try:
-                    for i, (name, data) in enumerate(files.items()):
-                        if _KILL_AT and i == 1:
-                            _kill_point("between_blobs")
-                        fs.write_at(ffd, name, data)
-                        infos[name] = {"size": len(data), "sha256": sha256(data)}
-                    os.fsync(ffd)
-                finally:
-                    os.close(ffd)
-                now = time.time()
-                full = dict(manifest, key=key, kind=kind, files=infos, created=now, last_used=now)
-                fs.write_at(tfd, MANIFEST, encode_manifest(full))
-                os.fsync(tfd)
-            finally:
-                os.close(tfd)
-        except BaseException:
-            shutil.rmtree(tmp, dir_fd=kfd, ignore_errors=True)
-            raise
-        if _KILL_AT:
-            _kill_point("after_manifest")
-        return tmp
+    # -- write (``store_backend_write``: imported by the first write, never by a warm load) --
+    def ensure_tag(self) -> None:
+        _writes().ensure_tag(self)
 
     def publish(self, kind: str, key: str, files: dict[str, bytes], manifest: dict[str, Any], *,
                 replace: bool = False) -> bool:
-        kfd = self.kind_fd(kind, create=True)
-        assert kfd is not None
-        try:
-            if not replace and _exists_at(kfd, key):
-                return True
-            tmp = self._stage(kfd, kind, key, files, manifest)
-            try:
-                if _KILL_AT:
-                    _kill_point("before_rename")
-                if replace and _exists_at(kfd, key, entry_only=False):
-                    if not _rename_exchange(kfd, tmp, key):  # new and old swapped: tmp now holds the old
-                        trash = f".trash-{key[:16]}-{uuid.uuid4().hex[:8]}"
-                        os.rename(key, trash, src_dir_fd=kfd, dst_dir_fd=kfd)
-                        try:
-                            os.rename(tmp, key, src_dir_fd=kfd, dst_dir_fd=kfd)
-                        except BaseException:
-                            os.rename(trash, key, src_dir_fd=kfd, dst_dir_fd=kfd)
-                            raise
-                        tmp = trash
-                else:
-                    try:
-                        os.rename(tmp, key, src_dir_fd=kfd, dst_dir_fd=kfd)
-                    except OSError as exc:
-                        if exc.errno in (errno.EEXIST, errno.ENOTEMPTY):  # another writer won: keep theirs
-                            return _exists_at(kfd, key)
-                        raise
-                if _KILL_AT:
-                    _kill_point("after_rename")
-                with contextlib.suppress(OSError):
-                    os.fsync(kfd)
-                return True
-            finally:
-                shutil.rmtree(tmp, dir_fd=kfd, ignore_errors=True)
-        finally:
-            os.close(kfd)
+        return _writes().publish(self, kind, key, files, manifest, replace=replace)
 
     def rewrite_manifest(self, entry_fd: int, manifest: dict[str, Any]) -> None:
         """Replace an entry's manifest in place: new file, length checked, fsync, rename."""
-        tmp = f".{MANIFEST}.{uuid.uuid4().hex[:8]}"
-        fs.write_at(entry_fd, tmp, encode_manifest(manifest))
-        try:
-            os.replace(tmp, MANIFEST, src_dir_fd=entry_fd, dst_dir_fd=entry_fd)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp, dir_fd=entry_fd)
-            raise
+        _writes().rewrite_manifest(self, entry_fd, manifest)
 
     def unpublish(self, kind: str, key: str, identity: tuple[int, int] | None = None) -> bool:
         """Rename the entry away (only if it is still ``identity``) and delete it."""
-        kfd = self.kind_fd(kind)
-        if kfd is None:
-            return False
-        try:
-            if identity is not None and _identity_at(kfd, key) != identity:
-                return False
-            trash = f".trash-{key[:16]}-{uuid.uuid4().hex[:8]}"
-            try:
-                os.rename(key, trash, src_dir_fd=kfd, dst_dir_fd=kfd)
-            except FileNotFoundError:
-                return False
-            shutil.rmtree(trash, dir_fd=kfd, ignore_errors=True)
-            return True
-        finally:
-            os.close(kfd)
+        return _writes().unpublish(self, kind, key, identity)
 
     def remove(self, kind: str, key: str) -> bool:
         return self.unpublish(kind, key)
 
     def move_to_quarantine(self, kind: str, key: str, identity: tuple[int, int] | None) -> str | None:
         """Move the entry to ``quarantine/`` if it is still ``identity``; the new name or None."""
-        kfd = self.kind_fd(kind)
-        if kfd is None:
-            return None
-        try:
-            if identity is not None and _identity_at(kfd, key) != identity:
-                return None
-            rfd = self.root_fd()
-            assert rfd is not None
-            qfd = subdir(rfd, QUARANTINE_DIR, create=True, root=self.root)
-            assert qfd is not None
-            try:
-                dst = f"{kind}-{key[:32]}-{int(time.time())}-{uuid.uuid4().hex[:6]}"
-                try:
-                    os.rename(key, dst, src_dir_fd=kfd, dst_dir_fd=qfd)
-                except FileNotFoundError:
-                    return None
-                return os.path.join(self.root, QUARANTINE_DIR, dst)
-            finally:
-                os.close(qfd)
-        finally:
-            os.close(kfd)
+        return _writes().move_to_quarantine(self, kind, key, identity)
 
     def sweep(self, kind: str, max_age_s: float) -> int:
-        kfd = self.kind_fd(kind)
-        if kfd is None:
-            return 0
-        removed = 0
-        now = time.time()
-        try:
-            for name in os.listdir(kfd):
-                if not name.startswith((".tmp-", ".trash-")):
-                    continue
-                try:
-                    if now - os.stat(name, dir_fd=kfd, follow_symlinks=False).st_mtime < max_age_s:
-                        continue
-                except OSError:
-                    continue
-                shutil.rmtree(name, dir_fd=kfd, ignore_errors=True)
-                removed += 1
-        except OSError:
-            return removed
-        finally:
-            os.close(kfd)
-        return removed
+        return _writes().sweep(self, kind, max_age_s)
 
     def locks_fd(self, *, create: bool) -> int | None:
         rfd = self.root_fd(create=create)
         if rfd is None:
             return None
         return subdir(rfd, LOCKS_DIR, create=create, root=self.root)
-
-
-def _identity_at(kfd: int, key: str) -> tuple[int, int] | None:
-    try:
-        st = os.stat(key, dir_fd=kfd, follow_symlinks=False)
-    except FileNotFoundError:
-        return None
-    return (st.st_dev, st.st_ino)
 
 
 def _exists_at(kfd: int, key: str, *, entry_only: bool = True) -> bool:

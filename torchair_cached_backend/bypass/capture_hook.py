@@ -61,7 +61,7 @@ def backend_chain(compiler_fn: Any) -> Iterator[Any]:
 
 def backend_options(compiler_fn: Any) -> Any:
     """The parsed options of the ``npu_cached`` backend behind Dynamo's compiler_fn, else None."""
-    from ..backend import apply_mode
+    from ..compile_mode import apply_mode
     from ..options import parse_options
     from ..registry import BACKEND_NAME
 

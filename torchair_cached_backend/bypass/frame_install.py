@@ -52,7 +52,6 @@ from ..logs import log
 from ..stats import record_fallback
 from .capture_hook import backend_chain, backend_options
 from .code_names import global_names, renamed
-from .replay import ResumeFactory, ResumeRouter
 from .signature import call_args
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
@@ -367,7 +366,9 @@ def _route_code(code: types.CodeType, scope: dict[str, Any], kinds: dict[str, st
 
 
 def _disabled(value: Any) -> Any:
-    if isinstance(value, ResumeFactory) or (isinstance(value, ResumeRouter) and value.factory):
+    resume = sys.modules.get("torchair_cached_backend.bypass.replay_resume")  # loaded by a program's graph break
+    if resume is not None and (isinstance(value, resume.ResumeFactory)
+                               or (isinstance(value, resume.ResumeRouter) and value.factory)):
         wrapped: Any = _DisabledFactory(value)
     else:
         wrapped = torch._dynamo.disable(value, reason="npu_cached replayed graph")

@@ -15,19 +15,22 @@ guards stand in for Dynamo's:
   mode, autocast, default dtype, ``training`` flags) select the variant; when
   none matches, the call is compiled by Dynamo (the program then gains that
   variant) - never a stale variant, never a crash inside a kernel.
+
+This module is the hit path. What a program needs only sometimes is imported when
+it does: a miss (``loader_miss``), the code after a graph break (``loader_resume``),
+methods compiled on their own (``loader_callees``); graphs load through ``graph_load``.
 """
 
 from __future__ import annotations
 
 import builtins
-import hashlib
 import sys
 import time
 import types
 from collections.abc import Callable
 from typing import Any
 
-from .. import code_codec
+from .. import code_codec, graph_load
 from ..compilers import get_compiler
 from ..logs import log, warn_once
 from ..options import BackendOptions, parse_options
@@ -36,7 +39,7 @@ from .code_names import renamed
 from .dynamo_stub import module_for
 from .guard_runtime import CHECKS_FORMAT, GuardChecks, build_checks, receiver_locals
 from .program import PROGRAM_FORMAT, program_key, program_store, target_identity
-from .replay import ReplayedFunction, ResumeDispatch, ResumeFactory, ResumeRouter, Variant, always
+from .replay import ReplayedFunction, Variant, always
 from .sources import stale_sources, tensor_state, tensor_state_difference
 
 
@@ -126,7 +129,9 @@ def build_replay(
         module = None
     replay = ReplayedFunction(variants, bound_self, name, fallback, module, original=func)
     if program.get("callees") and bound_self is not None and not isinstance(bound_self, type):
-        _install_callees(bound_self, program["callees"], options, name)
+        from .loader_callees import install_callees
+
+        install_callees(bound_self, program["callees"], options, name)
     dt = time.perf_counter() - t0
     record(bypass_loads=1, load_seconds=dt)
     log.info("npu_cached bypass load %s (%s, %d of %d variant(s)) in %.3fs", name, compiler_name,
@@ -147,48 +152,13 @@ def _cached_program(
     store = program_store(options.cache_dir)
     entry = store.load(key)
     if entry is None:
+        from .loader_miss import _why_missing
+
         raise CacheMiss(_why_missing(store, identity, key, code, compiler_name, options.cache_dir, name))
     program = entry.manifest.get("program") or {}
     if program.get("format") != PROGRAM_FORMAT:
         raise CacheMiss(f"cached program for {name} has another format (written by another version)")
     return key, entry.files, program, name
-
-
-def _install_callees(bound_self: Any, callees: list[dict[str, str]], options: BackendOptions, name: str) -> None:
-    """Methods the function calls that Dynamo compiled on their own (a graph break
-    inside a layer's forward or a helper): each gets its own replay, installed on the
-    instance (``layer.forward``, ``self.helper``), so the replayed (or, for a frame
-    Dynamo skipped, plain) caller calls the replay. A callee with no usable program
-    gets a stand-in that compiles it (a counted fallback), never plain eager."""
-    import torch
-
-    for callee in callees:
-        path, attr = callee.get("path", ""), callee.get("attr", "")
-        try:
-            owner = bound_self.get_submodule(path) if path else bound_self
-        except (AttributeError, TypeError):
-            log.info("npu_cached: %s: callee %s.%s is not there; not installed", name, path or "self", attr)
-            continue
-        func = None
-        for klass in type(owner).__mro__:
-            if attr in vars(klass):
-                func = vars(klass)[attr]
-                break
-        if not isinstance(func, types.FunctionType):
-            continue
-        if attr in owner.__dict__ and not isinstance(owner.__dict__[attr], ReplayedFunction):
-            log.info("npu_cached: %s: %s.%s is set on the instance; its cached program is not installed",
-                     name, path or "self", attr)
-            continue
-        method = types.MethodType(func, owner)
-        try:
-            replay: Callable[..., Any] = build_replay(method, options)
-        except CacheMiss as miss:
-            record_fallback(_reason_kind(str(miss)))
-            log.info("npu_cached: %s calls %s.%s: %s; compiling it instead", name, path or "self", attr, miss)
-            replay = _compiling_stand_in(method, options, str(miss))
-        if isinstance(owner, torch.nn.Module) or hasattr(owner, "__dict__"):
-            owner.__dict__[attr] = replay
 
 
 def _torch_compile_fallback(target: Any, options: BackendOptions) -> Callable[[], Callable[..., Any]]:
@@ -208,42 +178,6 @@ def _torch_compile_fallback(target: Any, options: BackendOptions) -> Callable[[]
         return torch.compile(compiled, backend=make_backend(**kwargs), dynamic=options.dynamic)
 
     return make
-
-
-def _why_missing(
-    store: Any, identity: dict[str, Any], key: str, code: types.CodeType, compiler: str, cache_dir: str, name: str
-) -> str:
-    """Explain a program miss: an entry for an *edited* version of the function is
-    stale (removed here, so it is never replayed), else nothing was cached."""
-    fingerprint = code_codec.code_fingerprint(code)
-    edited, older = [], []
-    for other in store.keys():
-        if other == key:
-            continue
-        try:
-            manifest = store.read_manifest(other) or {}
-        except Exception:
-            continue
-        program = manifest.get("program") or {}
-        function = program.get("function") or {}
-        same = (function.get("module"), function.get("qualname"), function.get("receiver_type")) == (
-            identity["module"], identity["qualname"], identity.get("receiver_type"))
-        if not same or program.get("compiler") != compiler:
-            continue
-        if program.get("format") != PROGRAM_FORMAT:  # another version's (its own key): never read, left
-            older.append(other)
-        elif program.get("fingerprint") not in (None, fingerprint):
-            edited.append(other)
-    for other in edited:
-        try:
-            store.remove(other)
-        except Exception:  # only tidying: the key differs, so the entry can never be replayed anyway
-            pass
-    if edited:
-        return f"cached program for {name} is stale ({name} was edited since it was cached); rebuilding"
-    if older:
-        return f"cached program for {name} has another format (written by another version); rebuilding"
-    return f"no cached program for {name} (compiler {compiler}) in {cache_dir}"
 
 
 class _Site:
@@ -270,8 +204,6 @@ class _ReplayBuilder:
         self, files: dict[str, bytes], program: dict[str, Any], options: BackendOptions, func: Any, bound_self: Any,
         key: str = "",
     ) -> None:
-        from ..backend import graph_store
-
         self.key = key
         self.files = files
         self.program = program
@@ -280,33 +212,15 @@ class _ReplayBuilder:
         self.options = options
         self.func = func
         self.bound_self = bound_self
-        self.graph_store = graph_store(options)
+        self.graph_store = graph_load.graph_store(options)
         self.values: dict[str, Any] = {}  # our global name -> value (installed into scope once all checks pass)
         self.context: dict[str, dict[str, Any]] = {}
         self.consts: dict[str, Any] = {}  # decoded guard constants, shared by the program's frames
-        self.renames = self._global_callees(program.get("callees", []))
+        self.renames: dict[str, str] = {}
+        if program.get("callees"):  # methods / helpers Dynamo compiled on their own (``loader_callees``)
+            from .loader_callees import global_callees
 
-    def _global_callees(self, callees: list[dict[str, str]]) -> dict[str, str]:
-        """Module-level functions the frames call by name that Dynamo compiled on their own
-        (a graph break inside a helper): each gets its own replay under a name of ours,
-        and the frames' code calls that name (the module's own global is left alone)."""
-        renames: dict[str, str] = {}
-        for callee in callees:
-            name = callee.get("global")
-            func = self.scope.get(name) if name else None
-            if not isinstance(func, types.FunctionType):
-                continue
-            ours = "___tcb_callee_" + hashlib.sha256(f"{func.__module__}.{func.__qualname__}".encode()).hexdigest()[:16]
-            if not isinstance(self.scope.get(ours), ReplayedFunction):
-                try:
-                    replay: Callable[..., Any] = build_replay(func, self.options)
-                except CacheMiss as miss:
-                    record_fallback(_reason_kind(str(miss)))
-                    log.info("npu_cached: %s calls %s: %s; compiling it instead", self.func.__qualname__, name, miss)
-                    replay = _compiling_stand_in(func, self.options, str(miss))
-                self.scope[ours] = replay
-            renames[name] = ours
-        return renames
+            self.renames = global_callees(self, program["callees"])
 
     def _code(self, blob: str) -> types.CodeType:
         code = code_codec.loads_code(self.files[blob], verified=True)  # the store checked its sha256
@@ -437,83 +351,12 @@ class _ReplayBuilder:
             out[name] = value
         return out
 
-    # -- resume groups --------------------------------------------------
+    # -- resume groups (programs with graph breaks: ``loader_resume``) ---
     def _resume(self, origin: str, global_name: str = "") -> Any:
-        group = self.program.get("resumes", {}).get(origin)
-        if group is None:
-            raise _Rejected(f"resume function {origin} is missing from the program")
-        eager = self._code(group["code"])
-        variants: list[tuple[Callable[..., bool], types.CodeType]] = []
-        for fid in group.get("frames", []):
-            frame = self.frames.get(fid)
-            try:
-                if frame is None:
-                    raise _Rejected("frame missing")
-                self._frame_usable(frame)
-                checks = self._checks(frame, resume=True)
-                for name, value in self._globals(frame).items():
-                    self.scope[name] = value
-            except _Rejected as exc:
-                log.info("npu_cached: a cached variant after a graph break (%s) is not used: %s", group["name"], exc)
-                continue
-            code = self._code(frame["code"])
-            variants.append((always if checks is None else self._per_call(checks), code))
-        variants.reverse()  # newest first
-        compile_ = self._resume_compiler(group, origin)
-        if group.get("factory"):
-            dispatch: Any = ResumeFactory(variants, eager, self.scope, group["name"], compile_)
-        else:
-            dispatch = ResumeDispatch(variants, eager, self.scope, group["name"], compile_)
-        return self._routed(group, eager, dispatch, global_name)
+        """The stand-in for a resume function: its variants, routed by receiver if need be."""
+        from .loader_resume import build_resume
 
-    def _receiver_ref(self, fids: list[str]) -> str | None:
-        for fid in fids:
-            receiver = ((self.frames.get(fid) or {}).get("guards") or {}).get("receiver")
-            if receiver:
-                return receiver
-        return None
-
-    def _resume_compiler(self, group: dict[str, Any], origin: str) -> Callable[[Any], Callable[..., Any]]:
-        """How a continuation no cached variant fits is served: compiled by Dynamo with
-        this program's options, its frame joining this program's resume group (so the
-        next start replays it)."""
-        options, key, program, files = self.options, self.key, self.program, self.files
-        roots = [v["root"] for v in program.get("variants", [])]
-        receiver = self._receiver_ref(roots + list(group.get("frames", [])))
-
-        def compile_(fn: Any) -> Callable[..., Any]:
-            import torch
-
-            from ..backend import make_backend
-            from .capture import adopt_resume
-
-            backend = make_backend(**{k: v for k, v in options.as_dict().items() if v is not None})
-            adopt_resume(options.cache_dir, key, program, group, origin, fn.__code__, files[group["code"]], receiver,
-                         options.max_variants)
-            return torch.compile(fn, backend=backend, dynamic=options.dynamic)
-
-        return compile_
-
-    def _routed(self, group: dict[str, Any], eager: types.CodeType, dispatch: Any, global_name: str) -> Any:
-        """The resume global is one name in the module's globals: when its variants check
-        this receiver, route by receiver, so every instance's replay keeps its own."""
-        receiver = None
-        for fid in group.get("frames", []):
-            receiver = ((self.frames.get(fid) or {}).get("guards") or {}).get("receiver") or receiver
-        if self.bound_self is None or receiver is None or not receiver.endswith("']"):
-            return dispatch
-        name = receiver.split("'")[1]
-        if name not in eager.co_varnames[: eager.co_argcount]:
-            return dispatch
-        index = eager.co_varnames.index(name)
-        router = self.scope.get(global_name)
-        if not (isinstance(router, ResumeRouter) and router.index == index and router.eager == eager):
-            router = ResumeRouter(index, bool(group.get("factory")), eager, self.scope, group["name"])
-        try:
-            router.add(self.bound_self, dispatch)
-        except TypeError:  # a receiver without weak references: one dispatch, as before
-            return dispatch
-        return router
+        return build_resume(self, origin, global_name)
 
     # -- graphs ---------------------------------------------------------
     def _split(self, desc: dict[str, Any]) -> Any:
@@ -527,14 +370,12 @@ class _ReplayBuilder:
             raise _Rejected(f"its split graph (DDP) cannot be rebuilt: {exc!r}") from exc
 
     def _graph(self, key: str, compiler_name: str) -> Callable[..., Any]:
-        from ..backend import load_graph
-
         compiler = get_compiler(compiler_name)
         entry = self.graph_store.load(key)  # read and verified once: the context check and the load share it
         if entry is None:
             raise _Rejected(f"graph {key[:12]} of the cached program is missing or broken")
         self._verify_context(key, compiler, entry.manifest)
-        graph = load_graph(_LoadedEntry(self.graph_store, entry), key, compiler, self.options)
+        graph = graph_load.load_graph(_LoadedEntry(self.graph_store, entry), key, compiler, self.options)
         if graph is None:
             raise _Rejected(f"graph {key[:12]} of the cached program is missing or broken")
         return graph.fn
@@ -600,9 +441,8 @@ def load(
     except CacheMiss as miss:
         if not fallback:
             raise
-        record_fallback(_reason_kind(str(miss)))
         log.info("npu_cached: %s; compiling instead", miss)
-        return _compiling_stand_in(target, opts, str(miss))
+        return _stand_in(target, opts, miss)
 
 
 def _is_ddp(target: Any) -> bool:
@@ -622,25 +462,18 @@ def _load_ddp(ddp: Any, options: BackendOptions, fallback: bool) -> Callable[...
     except CacheMiss as miss:
         if not fallback:
             raise
-        record_fallback(_reason_kind(str(miss)))
         log.info("npu_cached: %s; compiling instead", miss)
-        replay = _compiling_stand_in(method, options, str(miss))
+        replay = _stand_in(method, options, miss)
     inner.__dict__["forward"] = replay
     return ddp
 
 
-def _compiling_stand_in(target: Any, options: BackendOptions, why: str) -> Callable[..., Any]:
-    """What ``load()`` returns on a miss: a replay without variants, so every call is
-    compiled by Dynamo (caching as it goes) and module hooks run as for a replay
-    (also once it is installed as ``model.forward``; an ``OptimizedModule`` assigned
-    there would become a submodule, never called)."""
-    import torch
+def _stand_in(target: Any, options: BackendOptions, miss: CacheMiss) -> ReplayedFunction:
+    """A miss served by compiling (``loader_miss``): counted, every call compiled by Dynamo."""
+    from .loader_miss import _compiling_stand_in
 
-    func, bound_self = resolve_target(target)
-    module = target if isinstance(target, torch.nn.Module) else None
-    name = getattr(func, "__qualname__", None) or func.__name__
-    return ReplayedFunction([], bound_self, name, _torch_compile_fallback(target, options), module,
-                            original=func, miss=why)
+    record_fallback(_reason_kind(str(miss)))
+    return _compiling_stand_in(target, options, str(miss))
 
 
 def _reason_kind(message: str) -> str:
@@ -658,6 +491,18 @@ def _reason_kind(message: str) -> str:
         if needle in message:
             return kind
     return "other"
+
+
+#: what only a miss needs (``loader_miss``), re-exported on first use
+_MISS_SIDE = frozenset({"_why_missing", "_compiling_stand_in"})
+
+
+def __getattr__(name: str) -> Any:
+    if name in _MISS_SIDE:
+        from . import loader_miss
+
+        return getattr(loader_miss, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def build_frame_variants(

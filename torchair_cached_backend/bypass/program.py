@@ -15,9 +15,9 @@ options, versions). It holds:
 * ``resumes``: per original resume function, its transformed variants and its
   original code, which runs eagerly when no variant's guards hold.
 
-Programs grow by merging: a process that compiles a new variant adds it to
-what is on disk (under the entry's lock); nothing another process recorded is
-lost. Beyond the ``max_variants`` option (default 16) the least recently added
+Programs grow by merging (``program_merge``, re-exported here; a warm load never
+merges): a process that compiles a new variant adds it to what is on disk (under
+the entry's lock); nothing another process recorded is lost. Beyond the ``max_variants`` option (default 16) the least recently added
 variants go, but never one this process replayed or compiled (so a start that
 serves more static buckets than the bound keeps them all: the cache settles).
 """
@@ -87,13 +87,20 @@ def type_path(obj: Any) -> str | None:
 def options_factors(options: Any) -> dict[str, Any]:
     """Compiler options that change what is compiled (so a ``load()`` without the
     ``custom_decompositions`` a program was built with never replays it)."""
-    from ..torchair_config import normalized_config_snapshot
-
     return {
-        "config": normalized_config_snapshot(options.config),
+        "config": _config_snapshot(options.config),
         "ge_cache": bool(options.ge_cache),
         "decompositions": keys.decomposition_factors(options.custom_decompositions),
     }
+
+
+def _config_snapshot(config: Any) -> Any:
+    """``torchair_config.normalized_config_snapshot``, imported only when there is a config."""
+    if config is None:
+        return None
+    from ..torchair_config import normalized_config_snapshot
+
+    return normalized_config_snapshot(config)
 
 
 def program_key(identity: dict[str, Any], root_fingerprint: str, compiler: str, options: Any) -> str:
@@ -116,76 +123,9 @@ def program_store(cache_dir: str) -> Store:
     return Store(cache_dir, PROGRAMS)
 
 
-def merge_programs(
-    old: dict[str, Any] | None,
-    old_files: dict[str, bytes],
-    new: dict[str, Any],
-    new_files: dict[str, bytes],
-    max_variants: int = MAX_VARIANTS,
-    keep: set[str] = frozenset(),  # type: ignore[assignment]
-) -> tuple[dict[str, Any], dict[str, bytes]]:
-    """Union of two programs of one key: frames by id, variants by root frame (the
-    newest last), resume variants per group. Beyond ``max_variants`` the oldest go,
-    except the new ones and ``keep`` (the variants this process replayed)."""
-    if not old or old.get("format") != PROGRAM_FORMAT:
-        merged = dict(new)
-        merged["variants"] = _bounded(list(new.get("variants", [])), max_variants, keep)
-        return _prune(merged, dict(new_files))
-    merged = dict(new)
-    merged["frames"] = {**old.get("frames", {}), **new.get("frames", {})}
-    # a variant already stored keeps its place and record, so re-capturing the same frames
-    # (every warm torch.compile process does) changes nothing and writes nothing
-    known = {v["root"] for v in old.get("variants", [])}
-    added = [v for v in new.get("variants", []) if v["root"] not in known]
-    protected = set(keep) | {v["root"] for v in new.get("variants", [])}
-    merged["variants"] = _bounded(list(old.get("variants", [])) + added, max_variants, protected)
-    resumes = {k: dict(v, frames=list(v.get("frames", []))) for k, v in old.get("resumes", {}).items()}
-    for origin, group in new.get("resumes", {}).items():
-        mine = resumes.setdefault(origin, dict(group, frames=[]))
-        for fid in group.get("frames", []):
-            if fid not in mine["frames"]:
-                mine["frames"].append(fid)
-        ours = set(group.get("frames", []))
-        mine["frames"] = _bounded_ids(mine["frames"], max_variants, ours)
-    merged["resumes"] = resumes
-    merged["callees"] = list(old.get("callees", []))
-    merged["callees"] += [c for c in new.get("callees", []) if c not in merged["callees"]]
-    merged["eager_root"] = bool(old.get("eager_root") or new.get("eager_root"))
-    return _prune(merged, {**old_files, **new_files})
+def __getattr__(name: str) -> Any:
+    if name == "merge_programs":  # the write side (``program_merge``): a warm load never merges
+        from .program_merge import merge_programs
 
-
-def _bounded(variants: list[dict[str, Any]], bound: int, protected: set[str]) -> list[dict[str, Any]]:
-    """Drop the oldest unprotected variants until at most ``bound`` remain (or none is left to drop)."""
-    roots = _bounded_ids([v["root"] for v in variants], bound, protected)
-    kept = set(roots)
-    return [v for v in variants if v["root"] in kept]
-
-
-def _bounded_ids(ids: list[str], bound: int, protected: set[str]) -> list[str]:
-    excess = len(ids) - bound
-    out = []
-    for fid in ids:
-        if excess > 0 and fid not in protected:
-            excess -= 1
-            continue
-        out.append(fid)
-    return out
-
-
-def _prune(program: dict[str, Any], files: dict[str, bytes]) -> tuple[dict[str, Any], dict[str, bytes]]:
-    """Drop frames (and their blobs) no variant or resume group refers to."""
-    used = {v["root"] for v in program.get("variants", [])}
-    for group in program.get("resumes", {}).values():
-        used.update(group.get("frames", []))
-    frames = {fid: f for fid, f in program.get("frames", {}).items() if fid in used}
-    program = dict(program, frames=frames)
-    keep = set()
-    for frame in frames.values():
-        keep.add(frame["code"])
-        guards = frame.get("guards") or {}
-        if guards.get("code"):
-            keep.add(guards["code"])
-    for group in program.get("resumes", {}).values():
-        if group.get("code"):
-            keep.add(group["code"])
-    return program, {name: data for name, data in files.items() if name in keep}
+        return merge_programs
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -6,6 +6,7 @@ recorded by its distribution's version instead, so a library upgrade rebuilds
 and an unchanged library costs nothing at load. At load we find the live user
 code object again by module and qualified name and compare: an edited
 ``forward`` or helper is a miss and a rebuild, never stale code replayed.
+The capture side (``describe_traced``, ``is_library_file``) is ``sources_capture``.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from __future__ import annotations
 import functools
 import os
 import sys
-import sysconfig
 import types
 from typing import Any
 
@@ -21,40 +21,6 @@ from ..code_codec import code_fingerprint
 
 #: Dynamo names the code it generates for graph-break continuations this way
 RESUME_PREFIX = "torch_dynamo_resume_in"
-
-
-@functools.cache
-def _library_roots() -> tuple[str, ...]:
-    """Directories whose code belongs to installed packages, not to the user."""
-    import torch
-
-    roots = {os.path.dirname(os.path.abspath(torch.__file__))}
-    paths = sysconfig.get_paths()
-    for key in ("stdlib", "platstdlib", "purelib", "platlib"):
-        if paths.get(key):
-            roots.add(os.path.abspath(paths[key]))
-    for entry in sys.path:
-        if entry and os.path.basename(entry) in ("site-packages", "dist-packages"):
-            roots.add(os.path.abspath(entry))
-    return tuple(sorted(r + os.sep for r in roots))
-
-
-@functools.cache
-def is_library_file(filename: str) -> bool:
-    """Code in an installed package or the standard library (an editable install
-    of a package lives outside these roots and counts as user code)."""
-    if filename.startswith("<"):
-        return True  # frozen / generated code: covered by versions or by the guard on the object
-    path = os.path.abspath(filename)
-    return path.startswith(_library_roots())
-
-
-def _is_library_code(code: types.CodeType) -> bool:
-    return is_library_file(code.co_filename)
-
-
-def _top_package(module_name: str | None) -> str | None:
-    return module_name.split(".", 1)[0] if module_name else None
 
 
 def _imported(name: str) -> Any:
@@ -78,6 +44,8 @@ def library_version(package: str) -> str | None:
     version = getattr(module, "__version__", None)
     if isinstance(version, str):
         return version
+    from .sources_capture import _library_roots, is_library_file  # a package without __version__: rare
+
     file = getattr(module, "__file__", None) or ""
     if is_library_file(file) and os.path.abspath(file).startswith(tuple(
         r for r in _library_roots() if "site-packages" in r or "dist-packages" in r
@@ -89,73 +57,6 @@ def library_version(package: str) -> str | None:
         except Exception:
             return None
     return f"python {sys.version_info[0]}.{sys.version_info[1]}"  # standard library
-
-
-def _is_generated(code: types.CodeType) -> bool:
-    """Dynamo's resume functions: generated from the traced function (whose own
-    fingerprint covers them), never findable in the live module."""
-    return code.co_name.startswith(RESUME_PREFIX)
-
-
-def _module_for_file(filename: str) -> str | None:
-    target = os.path.abspath(filename)
-    for name, module in list(sys.modules.items()):
-        path = getattr(module, "__file__", None)
-        if path and os.path.abspath(path) == target:
-            return name
-    return None
-
-
-def describe_traced(
-    codes: list[types.CodeType], root_file: str | None = None, root_module: str | None = None
-) -> list[dict[str, Any]]:
-    """Fingerprints of the user code objects among ``codes`` (deduplicated).
-
-    Code in the root frame's own file belongs to the root frame's module, even
-    when that module's ``__file__`` is not the file (a script exec'd in ``__main__``).
-    """
-    seen: set[int] = set()
-    nested = _nested_codes(codes)
-    out = []
-    libraries: set[str] = set()
-    for code in codes:
-        if id(code) in seen or _is_generated(code) or id(code) in nested:
-            continue
-        seen.add(id(code))
-        if _is_library_code(code):
-            if code.co_filename.startswith("<"):
-                continue
-            package = _top_package(_module_for_file(code.co_filename))
-            if package and package not in libraries and package != "torch":  # torch: in every key already
-                libraries.add(package)
-                out.append({"library": package, "version": library_version(package)})
-            continue
-        out.append(
-            {
-                "file": code.co_filename,
-                "module": root_module
-                if root_module is not None and code.co_filename == root_file
-                else _module_for_file(code.co_filename),
-                "qualname": getattr(code, "co_qualname", code.co_name),
-                "fingerprint": code_fingerprint(code),
-            }
-        )
-    return out
-
-
-def _nested_codes(codes: list[types.CodeType]) -> set[int]:
-    """Code objects that are constants of other traced code: their parent's fingerprint covers them."""
-    inner: set[int] = set()
-
-    def walk(code: types.CodeType) -> None:
-        for const in code.co_consts:
-            if isinstance(const, types.CodeType) and id(const) not in inner:
-                inner.add(id(const))
-                walk(const)
-
-    for code in codes:
-        walk(code)
-    return inner
 
 
 def find_live_code(module_name: str | None, qualname: str) -> types.CodeType | None:
@@ -241,3 +142,15 @@ def tensor_state_difference(old: dict[str, list[Any]], new: dict[str, list[Any]]
         elif old[name] != new[name]:
             diffs.append(f"{name}: {old[name]} -> {new[name]}")
     return diffs
+
+
+#: the capture side (``sources_capture``): recording what Dynamo traced; re-exported on first use
+_CAPTURE_SIDE = frozenset({"describe_traced", "is_library_file"})
+
+
+def __getattr__(name: str) -> Any:
+    if name in _CAPTURE_SIDE:
+        from . import sources_capture
+
+        return getattr(sources_capture, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,69 @@
+"""What a warm load needs only when it misses: why, and what serves the call instead.
+
+``_why_missing`` explains a program miss (and sets aside a stale program of an
+edited function); ``_compiling_stand_in`` is what ``load()`` returns (and installs for
+a callee) with nothing to replay: every call compiled by Dynamo, caching as it goes.
+A hit never imports this module.
+"""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Callable
+from typing import Any
+
+from .. import code_codec
+from ..options import BackendOptions
+from .loader import _torch_compile_fallback, resolve_target
+from .program import PROGRAM_FORMAT
+from .replay import ReplayedFunction
+
+
+def _why_missing(
+    store: Any, identity: dict[str, Any], key: str, code: types.CodeType, compiler: str, cache_dir: str, name: str
+) -> str:
+    """Explain a program miss: an entry for an *edited* version of the function is
+    stale (removed here, so it is never replayed), else nothing was cached."""
+    fingerprint = code_codec.code_fingerprint(code)
+    edited, older = [], []
+    for other in store.keys():
+        if other == key:
+            continue
+        try:
+            manifest = store.read_manifest(other) or {}
+        except Exception:
+            continue
+        program = manifest.get("program") or {}
+        function = program.get("function") or {}
+        same = (function.get("module"), function.get("qualname"), function.get("receiver_type")) == (
+            identity["module"], identity["qualname"], identity.get("receiver_type"))
+        if not same or program.get("compiler") != compiler:
+            continue
+        if program.get("format") != PROGRAM_FORMAT:  # another version's (its own key): never read, left
+            older.append(other)
+        elif program.get("fingerprint") not in (None, fingerprint):
+            edited.append(other)
+    for other in edited:
+        try:
+            store.remove(other)
+        except Exception:  # only tidying: the key differs, so the entry can never be replayed anyway
+            pass
+    if edited:
+        return f"cached program for {name} is stale ({name} was edited since it was cached); rebuilding"
+    if older:
+        return f"cached program for {name} has another format (written by another version); rebuilding"
+    return f"no cached program for {name} (compiler {compiler}) in {cache_dir}"
+
+
+def _compiling_stand_in(target: Any, options: BackendOptions, why: str) -> Callable[..., Any]:
+    """What ``load()`` returns on a miss: a replay without variants, so every call is
+    compiled by Dynamo (caching as it goes) and module hooks run as for a replay
+    (also once it is installed as ``model.forward``; an ``OptimizedModule`` assigned
+    there would become a submodule, never called)."""
+    import torch
+
+    func, bound_self = resolve_target(target)
+    module = target if isinstance(target, torch.nn.Module) else None
+    name = getattr(func, "__qualname__", None) or func.__name__
+    return ReplayedFunction([], bound_self, name, _torch_compile_fallback(target, options), module,
+                            original=func, miss=why)
