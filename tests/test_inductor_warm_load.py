@@ -9,6 +9,7 @@ the warm checks run in one fresh process with an empty Inductor cache dir.
 from __future__ import annotations
 
 import os
+import shutil
 
 import pytest
 from subprocess_helpers import run_python
@@ -79,15 +80,29 @@ def cache(tmp_path_factory: pytest.TempPathFactory) -> str:
     return cache
 
 
-def _kernel_files(cache: str) -> set[str]:
+def _kernel_files(cache: str) -> dict[str, str]:
     graphs = os.path.join(cache, "graphs")
     return {
-        name
+        name: os.path.join(graphs, key, "files", name)
         for key in os.listdir(graphs)
         if os.path.isdir(os.path.join(graphs, key, "files"))
         for name in os.listdir(os.path.join(graphs, key, "files"))
         if name.endswith(".so")
     }
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("strip") is None, reason="no binutils strip")
+def test_kernels_are_stored_without_debug_sections(cache: str) -> None:
+    """Inductor builds with -g; the stored libraries drop the debug sections (over half of
+    each .so, read, verified and copied at every warm start), and keep their symbols."""
+    kernels = _kernel_files(cache)
+    assert kernels
+    for name, path in kernels.items():
+        with open(path, "rb") as f:
+            blob = f.read()
+        assert blob[:4] == b"\x7fELF", name
+        assert b".debug_info" not in blob and b"PyInit_kernel" in blob, name
 
 
 @pytest.mark.slow

@@ -192,6 +192,9 @@ def _load_from(files: dict[str, bytes], meta: dict[str, Any], prefix: str = "") 
     namespace["extern_kernels"] = rt.build_extern_namespace(meta["externs"], bool(meta["needs_inductor"]))
     namespace["_load_kernel"] = rt.kernel_loader(files, meta["kernels"])
     module = rt.exec_wrapper(code, namespace, wrapper_name)
+    # the kernels are loaded (module level): drop the loader, which holds every file's
+    # bytes (the constants' too), so they are not kept alive beside the loaded graph
+    vars(module).pop("_load_kernel", None)
     if meta.get("constants"):
         # after exec: the wrapper declares each constant as ``name = None`` (Inductor
         # also sets them as module attributes once the module has run)

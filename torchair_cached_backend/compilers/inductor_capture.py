@@ -17,7 +17,10 @@ import json
 import os
 import pickle
 import re
+import shutil
+import subprocess
 import sys
+import tempfile
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -465,10 +468,10 @@ def _package_wrapper(cap: _Capture, prefix: str) -> tuple[dict[str, bytes], dict
     pycode.precompile(files, prefix + WRAPPER_FILE, prefix + WRAPPER_FILE)
     module_globals = _wrapper_globals(cg)
     kernels: dict[str, list[str]] = {}
-    for kname in rewritten.kernels:
-        path = _kernel_path(module_globals.get(kname), kname)
-        with open(path, "rb") as f:
-            blob = f.read()
+    paths = {kname: _kernel_path(module_globals.get(kname), kname) for kname in rewritten.kernels}
+    blobs = _stripped_libraries(sorted(set(paths.values())))
+    for kname, path in paths.items():
+        blob = blobs[path]
         digest = hashlib.sha256(blob).hexdigest()[:24]
         fname = f"k_{digest}.so"
         files[fname] = blob
@@ -508,6 +511,40 @@ def _package_wrapper(cap: _Capture, prefix: str) -> tuple[dict[str, bytes], dict
         "threads": _compiled_threads(cg.source_code),
     }
     return files, meta
+
+
+def _stripped_libraries(paths: list[str]) -> dict[str, bytes]:
+    """The bytes of each kernel library at ``paths``, without its debug sections.
+
+    Inductor builds kernels with ``-g``: debug info is over half of each ``.so``, and
+    every warm start reads, verifies, copies and maps those bytes. ``strip
+    --strip-debug`` (binutils, present wherever Inductor's C++ compiler links) drops
+    only non-loaded sections (code, data and symbol tables stay), run once per graph on
+    private copies; where it is missing or fails, the libraries are stored as built."""
+    blobs: dict[str, bytes] = {}
+    for path in paths:
+        with open(path, "rb") as f:
+            blobs[path] = f.read()
+    strip = shutil.which("strip")
+    if not paths or strip is None:
+        return blobs
+    with tempfile.TemporaryDirectory(prefix="tcb_strip_") as tmp:
+        copies = [os.path.join(tmp, f"{i}.so") for i in range(len(paths))]
+        for path, copy in zip(paths, copies, strict=True):
+            with open(copy, "wb") as f:
+                f.write(blobs[path])
+        try:
+            done = subprocess.run([strip, "--strip-debug", *copies], capture_output=True, timeout=120).returncode == 0
+        except (OSError, subprocess.SubprocessError):
+            done = False
+        if not done:
+            return blobs
+        for path, copy in zip(paths, copies, strict=True):
+            with open(copy, "rb") as f:
+                stripped = f.read()
+            if stripped[:4] == b"\x7fELF" and 0 < len(stripped) <= len(blobs[path]):
+                blobs[path] = stripped
+    return blobs
 
 
 def _wrapper_globals(cg: Any) -> dict[str, Any]:
