@@ -11,13 +11,16 @@ used only by artifacts whose metadata says they need them.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import importlib
+import importlib.machinery
 import importlib.util
+import itertools
 import os
 import shutil
-import sys
 import tempfile
+import threading
 import types
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -34,48 +37,91 @@ ALIGN_BYTES = 64
 def load_kernel(blob: bytes, digest: str) -> Callable[..., Any]:
     """dlopen one bundled kernel extension from its verified bytes and return its ``kernel`` entry.
 
-    The bytes go into an anonymous memory file (``memfd_create``, dlopened as
-    ``/proc/self/fd/N``), or where that is unavailable into a private 0700 temp
-    dir removed right after: what is mapped is exactly what was checked, never
-    a file in the cache dir someone could swap after the check. The module name
-    is keyed by the sha256 of those bytes, so graphs sharing a kernel share one
-    loaded module and two different kernels never collide; ``digest`` (from the
-    metadata) must agree with them.
+    ``blob`` is bytes the store verified against their checksum; they go into a
+    sealed anonymous memory file (``memfd_create``, dlopened through a
+    ``/proc/self/fd`` path), or where that is unavailable into a private 0700
+    temp dir removed right after: what is mapped is exactly what was checked,
+    never a file in the cache dir someone could swap after the check. The module
+    name is keyed by ``digest`` (the content digest the metadata names the
+    kernel by), so graphs sharing a kernel share one loaded module: a module is
+    reused only for the very bytes it was loaded from, and bytes that differ
+    from them under the same digest are hashed and, unless they really have
+    that digest, refused. Bytes are hashed by the store only, once.
     """
-    actual = hashlib.sha256(blob).hexdigest()
-    if not digest or not actual.startswith(digest):
-        raise ImportError(f"kernel bytes have sha256 {actual[:24]}, its metadata says {digest!r}; refusing to load it")
-    # always (re)set: a value inherited from a parent process points into *its* memory
-    os.environ[_DATA_PTR_ENV] = str(torch._C._dynamo.guards._torchinductor_pyobject_tensor_data_ptr)
+    if not isinstance(digest, str) or not 16 <= len(digest) <= 64 or digest.strip("0123456789abcdef"):
+        raise ImportError(f"kernel digest {digest!r} in the metadata is not a hex digest; refusing to load it")
     # the last dotted component must be "kernel": CPython derives PyInit_<name> from it
-    name = f"_tcb_kernel_{actual[:32]}.kernel"
-    module = sys.modules.get(name)
-    if module is None:
+    name = f"_tcb_kernel_{digest}.kernel"
+    with _LOCK:
+        loaded = _LOADED.get(name)
+        if loaded is not None:
+            if loaded[1] is blob or loaded[1] == blob:
+                return loaded[0].kernel
+            actual = hashlib.sha256(blob).hexdigest()
+            if not actual.startswith(digest):
+                raise ImportError(
+                    f"kernel bytes have sha256 {actual[:24]}, its metadata says {digest!r}; refusing to load it")
+            # the module loaded under this digest came from other bytes (metadata that lied
+            # about them): these get a module of their own
+            name = f"_tcb_kernel_{digest}_{next(_SEQ)}.kernel"
         module = _dlopen_bytes(name, blob)
-        sys.modules[name] = module
-    return module.kernel
+        _LOADED[name] = (module, blob)
+        return module.kernel
+
+
+def set_tensor_data_ptr_env() -> None:
+    """The env var a kernel's ``PyInit`` reads; always (re)set before loading kernels: a
+    value inherited from a parent process points into *its* memory."""
+    os.environ[_DATA_PTR_ENV] = str(torch._C._dynamo.guards._torchinductor_pyobject_tensor_data_ptr)
+
+
+#: module name -> (kernel module, the verified bytes it was loaded from)
+_LOADED: dict[str, tuple[types.ModuleType, bytes]] = {}
+_LOCK = threading.Lock()
+#: process-wide sequence numbers: module names and dlopen path spellings never repeat
+_SEQ = itertools.count()
+_FD_PATH_SEQ = itertools.count(int.from_bytes(os.urandom(8), "little") >> 1)
+_BIT_TOKENS = str.maketrans({"0": "/", "1": "./"})
+_MEMFD_SEALS = sum(getattr(fcntl, f"F_SEAL_{s}", 0) for s in ("SEAL", "SHRINK", "GROW", "WRITE"))
 
 
 def _exec_extension(name: str, path: str) -> types.ModuleType:
-    spec = importlib.util.spec_from_file_location(name, path)
-    if spec is None or spec.loader is None:
+    # an explicit loader: the path of a memfd has no ``.so`` suffix to find one by
+    loader = importlib.machinery.ExtensionFileLoader(name, path)
+    spec = importlib.util.spec_from_file_location(name, path, loader=loader)
+    if spec is None:
         raise ImportError(f"cannot load Inductor kernel {name}")
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    loader.exec_module(module)
     return module
+
+
+def _unique_fd_path(fd: int) -> str:
+    """A ``/proc/self/fd/<fd>`` spelling no library loaded in this process has.
+
+    The dynamic linker hands back the already-loaded library for a path string it
+    has seen before, and fd numbers are reused once closed: a second kernel loaded
+    through ``/proc/self/fd/5`` would silently be the first one. Each load spells
+    the path differently: ``/`` and ``./`` components (which the kernel resolves
+    to the same fd) encode a process-wide sequence number that starts at a random
+    64-bit value, so even a reloaded copy of this module never repeats a spelling.
+    """
+    return f"/proc/self/fd/{format(next(_FD_PATH_SEQ), '064b').translate(_BIT_TOKENS)}{fd}"
 
 
 def _dlopen_bytes(name: str, blob: bytes) -> types.ModuleType:
     memfd_create = getattr(os, "memfd_create", None)
     if memfd_create is not None and os.path.isdir("/proc/self/fd"):
         try:
-            fd = memfd_create("tcb_kernel", getattr(os, "MFD_CLOEXEC", 1))
+            fd = memfd_create("tcb_kernel", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         except OSError:
             fd = -1
         if fd >= 0:
             try:
                 _write_all(fd, blob)
-                return _exec_extension(name, f"/proc/self/fd/{fd}")
+                with contextlib.suppress(OSError):  # defence in depth: nobody writes it after this
+                    fcntl.fcntl(fd, fcntl.F_ADD_SEALS, _MEMFD_SEALS)
+                return _exec_extension(name, _unique_fd_path(fd))
             except (ImportError, OSError):
                 pass  # e.g. memfd exec forbidden (vm.memfd_noexec): the private copy below
             finally:
@@ -280,6 +326,8 @@ def build_extern_namespace(refs: dict[str, str], use_inductor: bool) -> Any:
 
 def kernel_loader(files: dict[str, bytes], kernels: dict[str, Sequence[str]]) -> Callable[[str], Callable[..., Any]]:
     """``_load_kernel(name)`` for the rewritten wrapper: kernel name -> its verified bytes."""
+
+    set_tensor_data_ptr_env()
 
     def _load_kernel(name: str) -> Callable[..., Any]:
         fname, digest = kernels[name]
