@@ -368,6 +368,16 @@ def _bound_digest(fn: Any) -> str:
 
 
 _PLAIN = (bool, int, float, str)
+_describers: tuple[Any, Any] | None = None
+
+
+def _load_describers() -> tuple[Any, Any]:
+    """``fingerprint``'s describers, imported on first use (not every guard needs them)."""
+    global _describers
+    from ..fingerprint import describe_value, qualified_name
+
+    _describers = (describe_value, qualified_name)
+    return _describers
 _DESCRIBE_MAX_DEPTH = 4  # fingerprint._MAX_DEPTH
 
 
@@ -378,8 +388,7 @@ def _describe(value: Any, depth: int) -> Any:
     else is described by ``describe_value`` itself."""
     if value is None or isinstance(value, _PLAIN):
         return value
-    from ..fingerprint import describe_value, qualified_name
-
+    describe_value, qualified_name = _describers or _load_describers()
     if depth > _DESCRIBE_MAX_DEPTH:
         return describe_value(value, depth)
     t = type(value)
@@ -678,12 +687,11 @@ def decode_consts(consts: list[Any], memo: dict[Any, Any]) -> list[Any]:
     append = out.append
     modules: dict[str, Any] = {}
     for desc in consts:
-        try:
-            key: Any = tuple(desc.items())
-            value = memo.get(key, _MISSING)
-        except (AttributeError, TypeError):  # not a dict, or nested (unhashable) values
+        if type(desc) is dict and _KEY_TYPES.issuperset(map(type, desc.values())):
+            key: Any = tuple(desc.items())  # names only: equal keys are equal descriptors
+        else:  # numbers (1 == True == 1.0 as keys), nested descriptors: by their text
             key = repr(desc)
-            value = memo.get(key, _MISSING)
+        value = memo.get(key, _MISSING)
         if value is _MISSING:
             value = _named(desc, modules)
             if value is _MISSING:
@@ -693,6 +701,7 @@ def decode_consts(consts: list[Any], memo: dict[Any, Any]) -> list[Any]:
     return out
 
 
+_KEY_TYPES = frozenset({str, type(None)})
 #: kind -> what the named object must be (as ``code_codec``'s decoders check it)
 _NAMED_KINDS: dict[str, Callable[[Any], bool]] = {
     "class": lambda obj: isinstance(obj, type),
