@@ -428,3 +428,142 @@ def test_a_forward_whose_parameters_shadow_builtins_replays(tmp_path):
     assert warm["same"] and warm["replayed"], warm
     assert warm["stats"]["bypass_loads"] >= 1, warm
     assert warm["other"], warm  # specialized on type="double": the other value is compiled, right
+
+
+# --------------------------------------------------------------------------- faster, same values
+def _sample_functions():
+    import collections.abc
+    import dataclasses
+    import enum
+    import functools
+
+    import torch
+
+    class Color(enum.IntEnum):
+        RED = 1
+
+    @dataclasses.dataclass
+    class Point:
+        x: float = 1.5
+        tags: tuple = ("a", 2, 3.0)
+
+    def nested(a, b=(1, 2.0, "x", None, b"y", -0.0, 10**30), *, c=frozenset({"p", "q"})):
+        table = {k: [v for v in range(k)] for k in range(a)}
+        return (lambda z: z + b[0])(len(table)), c, 1j, ...
+
+    def level(n):
+        def inner(x, k=n):
+            return x * k + n
+        return inner
+
+    deep = level(1)
+    for i in range(6):  # a chain of closures deeper than the description goes
+        deep = (lambda f, j: (lambda x, j=j: f(x) + j))(deep, i)
+    empty = (lambda: (lambda: late))()  # an empty cell (late is assigned below)
+    late = 1  # noqa: F841 - what the empty cell would hold
+    odd = nested.__code__.replace(co_consts=(*nested.__code__.co_consts, torch.float32, [1, 2]))
+    values = [None, True, 1, 1.0, -0.0, "s", b"b", (1, (2, "x")), [1, [2]], {"b": 1, "a": (2,)},
+              collections.OrderedDict(a=1), Color.RED, Point, Point(), torch, torch.float32, torch.device("cpu"),
+              torch.ones(3), torch.nn.Linear(2, 2), functools.partial(nested, 1), Point().__repr__, len,
+              deep, empty, level(2), nested, collections.abc.Mapping.get, types.SimpleNamespace(a=[1])]
+    functions = [nested, deep, empty, level(3), Point.__init__, Point.__eq__, torch.nn.Module.add_module,
+                 torch.nn.Module.__call__, collections.abc.Mapping.get, functools.reduce]
+    return values, functions, odd
+
+
+def test_code_fingerprint_is_the_codecs():
+    # the guards' faster walk hashes exactly the codec's bytes: digests stored by either hold for the other
+    import gc
+
+    from torchair_cached_backend import code_codec
+
+    _, functions, odd = _sample_functions()
+    codes = [f.__code__ for f in functions if hasattr(f, "__code__")] + [odd]
+    codes += [o.__code__ for o in gc.get_objects() if type(o) is types.FunctionType][:3000]
+    assert all(guard_runtime._fast_fingerprint(c) == code_codec.code_fingerprint(c) for c in codes)
+    # still what the code does, not where it is: a constant's type counts, a line number does not
+    one = compile("def f():\n    return 1\n", "a.py", "exec").co_consts[0]
+    same = compile("\n\ndef f():\n    return 1\n", "elsewhere/b.py", "exec").co_consts[0]
+    other = [compile(f"def f():\n    return {v}\n", "a.py", "exec").co_consts[0] for v in ("1.0", "True", "'1'")]
+    fp = guard_runtime._fast_fingerprint
+    assert fp(one) == fp(same) and len({fp(one), *map(fp, other)}) == 4
+
+
+def test_bound_values_are_described_as_describe_value_does():
+    # the stored function digests keep their meaning: the description (and its depth limit) is the same
+    import hashlib
+    import json
+
+    from torchair_cached_backend.fingerprint import describe_value
+
+    values, functions, _ = _sample_functions()
+    for depth in range(7):
+        for value in values:
+            assert guard_runtime._describe(value, depth) == describe_value(value, depth), (value, depth)
+    for fn in functions:
+        if not hasattr(fn, "__code__"):
+            continue
+        cells = []
+        for cell in fn.__closure__ or ():
+            try:
+                cells.append(describe_value(cell.cell_contents))
+            except ValueError:
+                cells.append("<empty>")
+        bound = [describe_value(fn.__defaults__), describe_value(fn.__kwdefaults__), cells]
+        reference = hashlib.sha256(json.dumps(bound, sort_keys=True, default=str).encode()).hexdigest()[:32]
+        assert guard_runtime._bound_digest(fn) == reference, fn
+
+
+def test_bulk_constant_decoding_is_the_codecs_and_refuses_what_it_refuses():
+    import collections.abc
+
+    from torchair_cached_backend import code_codec
+    from torchair_cached_backend.bypass.guard_runtime import decode_const, decode_consts
+
+    good = [{"kind": "class", "module": "collections.abc", "qualname": "Mapping"},
+            {"kind": "function", "module": "collections.abc", "qualname": "Mapping.get"},
+            {"kind": "module", "name": "collections.abc"}, {"kind": "dtype", "name": "float16"},
+            {"kind": "int", "value": 1}, {"kind": "bool", "value": True}, {"kind": "typename", "name": "a.B"},
+            {"kind": "tuple", "items": [{"kind": "int", "value": 2}]}]
+    memo: dict = {}
+    decoded = decode_consts(good, memo)
+    assert decoded[:3] == [collections.abc.Mapping, collections.abc.Mapping.get, collections.abc]
+    assert all(a is b or (a == b and type(a) is type(b)) for a, b in zip(decoded, map(decode_const, good), strict=True))
+    again = decode_consts([dict(d) for d in good], memo)  # other dict objects, equal descriptors: memo hits
+    assert all(a is b for a, b in zip(again, decoded, strict=True))
+    bad = [{"kind": "class", "module": "collections.abc", "qualname": "Mapping.get"},  # not a class
+           {"kind": "function", "module": "collections.abc", "qualname": "Mapping"},  # a class, not a function
+           {"kind": "class", "module": "collections.abc", "qualname": "NoSuchThing"},
+           {"kind": "class", "module": "collections.abc", "qualname": "f.<locals>.C"},
+           {"kind": "class", "module": "collections.abc", "qualname": "Mapping..get"},
+           {"kind": "class", "module": "", "qualname": "Mapping"}, {"kind": "module", "name": ""},
+           {"kind": "class", "module": "collections.abc", "qualname": 3},
+           {"kind": "int", "value": True}, {"kind": "bool", "value": 1}]  # 1 == True: never one memo key
+    for desc in bad:
+        with pytest.raises(code_codec.CodecError) as expected:
+            code_codec.decode_value(desc)
+        with pytest.raises(code_codec.CodecError) as ours:
+            decode_consts([{"kind": "int", "value": 1}, {"kind": "bool", "value": True}, desc], memo)
+        assert str(ours.value) == str(expected.value)
+
+
+def test_generated_checks_carry_no_line_table_yet_tracebacks_format():
+    import sys
+    import traceback
+
+    from torchair_cached_backend.bypass.guard_codegen import without_lines
+
+    source = "def check(L):\n    x = L['a']\n    for i in range(2):\n        y = [j for j in range(i)]\n    return x.b\n"
+    plain = compile(source, "<t>", "exec")
+    bare = without_lines(plain)
+    namespace: dict = {}
+    exec(bare, namespace)  # noqa: S102 - the source above
+    fn = namespace["check"]
+    assert fn({"a": types.SimpleNamespace(b=3)}) == 3
+    with pytest.raises(AttributeError) as info:
+        fn({"a": 1})
+    assert "AttributeError" in "".join(traceback.format_exception(info.value))
+    if sys.version_info[:2] == (3, 11):
+        assert len(fn.__code__.co_linetable) * 8 >= len(fn.__code__.co_code) // 2
+        assert len(fn.__code__.co_linetable) < len(plain.co_consts[0].co_linetable) // 4
+        assert all(p == (None, None, None, None) for p in fn.__code__.co_positions())

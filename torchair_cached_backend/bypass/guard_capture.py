@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from .. import code_codec
-from .guard_codegen import LOCAL_RE, Unsupported, self_test, signature_params, source_module
+from .guard_codegen import LOCAL_RE, Unsupported, self_test, signature_params, source_module, without_lines
 from .guard_runtime import CHECKS_FORMAT, HELPERS, function_modes, pack_checks, short, unwrap_attribute
 from .process_state import process_state_reads
 
@@ -606,8 +606,8 @@ def capture_frame_guards(
             call_params, defs = signature_params(code, with_cells=True)
             source = source_module(builder, call_params, defs)
         result.digest = hashlib.sha256("".join(source).encode()).hexdigest()
-        compiled = (compile(source[0], f"<npu_cached guards {code.co_name}>", "exec"),
-                    compile(source[1], f"<npu_cached full guard {code.co_name}>", "exec"))
+        compiled = (without_lines(compile(source[0], f"<npu_cached guards {code.co_name}>", "exec")),
+                    without_lines(compile(source[1], f"<npu_cached full guard {code.co_name}>", "exec")))
         self_test(compiled, builder, code, local_scope, global_scope, receiver, capture_ns)
         result.meta = [{k: v for k, v in g.items() if k != "tensor"} for g in builder.guards]
         result.blob = pack_checks(code_codec.dumps_code(compiled[0]), code_codec.dumps_code(compiled[1]),

@@ -16,6 +16,7 @@ import builtins
 import copy
 import io
 import re
+import sys
 import tokenize
 import types
 from typing import Any, Protocol
@@ -411,6 +412,20 @@ def builder_param(builder: GuardTable, expr: str) -> str:
         raise Unsupported(f"guard reads frame local {name!r}")
 
     return LOCAL_RE.sub(local, expr)
+
+
+def without_lines(code: types.CodeType) -> types.CodeType:
+    """``code`` (and the functions it defines) with a line table that says "no location"
+    for every instruction: the generated checks never report a location (a failure is
+    described from its guard's text), and the full tables are ~30% of the marshalled checks
+    every warm start reads, hashes and loads. (A valid table, one byte per 8 code units, not
+    an empty one, on which Python 3.11's traceback formatting fails.)"""
+    if sys.version_info[:2] != (3, 11):  # the table's format is version-specific: keep the compiler's
+        return code
+    consts = tuple(without_lines(c) if type(c) is types.CodeType else c for c in code.co_consts)
+    units = len(code.co_code) // 2
+    table = bytes(0x80 | (15 << 3) | (min(8, units - i) - 1) for i in range(0, units, 8))  # 15: no location
+    return code.replace(co_linetable=table, co_consts=consts)
 
 
 def self_test(

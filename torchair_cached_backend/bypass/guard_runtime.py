@@ -14,12 +14,16 @@ from __future__ import annotations
 
 import builtins
 import collections
+import hashlib
 import importlib
+import importlib.util
 import json
+import marshal
 import math
 import operator
 import os
 import struct
+import sys
 import types
 import zlib
 from collections.abc import Callable
@@ -115,13 +119,51 @@ _fp_memo: dict[int, tuple[Any, str]] = {}
 
 
 def _code_fp(code: Any) -> str:
-    """Fingerprint of a code object, memoized per object (a live code object never changes)."""
+    """Fingerprint of a code object, memoized per object (a live code object never changes):
+    :func:`code_codec.code_fingerprint`'s value, made faster (:func:`_fast_fingerprint`)."""
     hit = _fp_memo.get(id(code))
     if hit is not None and hit[0] is code:
         return hit[1]
-    fp = code_codec.code_fingerprint(code)
+    fp = _fast_fingerprint(code)
     _fp_memo[id(code)] = (code, fp)
     return fp
+
+
+#: the fields ``code_codec._fp_tree`` writes, read in one C call
+_CODE_FIELDS = operator.attrgetter(*code_codec._FP_FIELDS, "co_code", "co_exceptiontable")
+_FP_TAG = (code_codec.FINGERPRINT_VERSION, *sys.version_info[:2], importlib.util.MAGIC_NUMBER)
+_FP_ATOMS = code_codec._FP_ATOMS
+
+
+def _fast_fingerprint(code: types.CodeType) -> str:
+    """Exactly :func:`code_codec.code_fingerprint` (the same bytes are hashed: a digest stored
+    by either is checked by the other), without its Python-level walk over each constant
+    where it is the identity: a constant that is an atom is written as itself, so a code
+    whose constants are all atoms is written as ``(tag, ("c", *fields, consts))``, and only
+    nested code, tuples and other values are mapped (the rare ones by the codec itself)."""
+    try:
+        tree = _fp_tree(code)
+    except AttributeError:  # another interpreter's code object: the codec's own walk
+        return code_codec.code_fingerprint(code)
+    return hashlib.sha256(marshal.dumps((_FP_TAG, tree), 2)).hexdigest()
+
+
+def _fp_tree(code: types.CodeType) -> tuple[Any, ...]:
+    consts = code.co_consts
+    if not _FP_ATOMS.issuperset(map(type, consts)):
+        consts = tuple(map(_fp_item, consts))
+    return ("c", *_CODE_FIELDS(code), consts)
+
+
+def _fp_item(value: Any) -> Any:
+    t = type(value)
+    if t in _FP_ATOMS:
+        return value
+    if t is types.CodeType:
+        return _fp_tree(value)
+    if t is tuple:
+        return ("t", value if _FP_ATOMS.issuperset(map(type, value)) else tuple(map(_fp_item, value)))
+    return code_codec._fp_item(value)  # frozensets and values that are not plain data
 
 
 def _fn_fp(fn: Any) -> str:
@@ -149,6 +191,8 @@ _MISSING = object()
 
 
 def unwrap_attribute(raw: Any) -> Any:
+    if type(raw) is types.FunctionType:  # the common case, without the failed ``func`` lookup below
+        return raw
     if isinstance(raw, (staticmethod, classmethod)):
         return raw.__func__
     if isinstance(raw, property):
@@ -311,19 +355,64 @@ def _resolved_site(name: str, digest: str) -> Callable[[Any], bool]:
 
 
 def _bound_digest(fn: Any) -> str:
-    import hashlib
-    import json
-
-    from ..fingerprint import describe_value
-
+    """sha256 of the values bound to ``fn`` as :func:`fingerprint.describe_value` describes
+    them (:func:`_describe`: the same description, faster for the common values)."""
     cells = []
     for cell in fn.__closure__ or ():
         try:
-            cells.append(describe_value(cell.cell_contents))
+            cells.append(_describe(cell.cell_contents, 0))
         except ValueError:  # an empty cell
             cells.append("<empty>")
-    bound = [describe_value(fn.__defaults__), describe_value(fn.__kwdefaults__), cells]
+    bound = [_describe(fn.__defaults__, 0), _describe(fn.__kwdefaults__, 0), cells]
     return hashlib.sha256(json.dumps(bound, sort_keys=True, default=str).encode()).hexdigest()[:32]
+
+
+_PLAIN = (bool, int, float, str)
+_describers: tuple[Any, Any] | None = None
+
+
+def _load_describers() -> tuple[Any, Any]:
+    """``fingerprint``'s describers, imported on first use (not every guard needs them)."""
+    global _describers
+    from ..fingerprint import describe_value, qualified_name
+
+    _describers = (describe_value, qualified_name)
+    return _describers
+_DESCRIBE_MAX_DEPTH = 4  # fingerprint._MAX_DEPTH
+
+
+def _describe(value: Any, depth: int) -> Any:
+    """Exactly ``fingerprint.describe_value(value, depth)`` (tested), without its generic
+    dispatch for what functions bind most (atoms, tuples, dicts, modules, classes, plain
+    functions: a function's code by the same fingerprint, via the fast walk); anything
+    else is described by ``describe_value`` itself."""
+    if value is None or isinstance(value, _PLAIN):
+        return value
+    describe_value, qualified_name = _describers or _load_describers()
+    if depth > _DESCRIBE_MAX_DEPTH:
+        return describe_value(value, depth)
+    t = type(value)
+    if t is tuple or t is list:
+        return [_describe(v, depth + 1) for v in value]
+    if t is dict:
+        return {str(k): _describe(v, depth + 1) for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))}
+    if t is types.ModuleType:
+        return {"module": value.__name__}
+    if t is types.FunctionType:
+        if depth + 1 > _DESCRIBE_MAX_DEPTH:
+            return qualified_name(value)
+        cells = []
+        for cell in value.__closure__ or ():
+            try:
+                cells.append(_describe(cell.cell_contents, depth + 2))
+            except ValueError:  # an empty cell
+                cells.append("<empty>")
+        return {"code": _code_fp(value.__code__), "defaults": _describe(value.__defaults__, depth + 2),
+                "kwdefaults": _describe(value.__kwdefaults__, depth + 2), "closure": cells}
+    if isinstance(value, type) and type(getattr(value, "__code__", None)) is not types.CodeType \
+            and not issubclass(t, torch.nn.Module):
+        return qualified_name(value)
+    return describe_value(value, depth)
 
 
 def _dist_state() -> tuple[Any, ...]:
@@ -588,17 +677,69 @@ def build_checks(
     return GuardChecks(namespace, None, receiver, full_code, meta_json)
 
 
-def decode_consts(consts: list[Any], memo: dict[str, Any]) -> list[Any]:
+def decode_consts(consts: list[Any], memo: dict[Any, Any]) -> list[Any]:
     """A frame's constant table decoded, shared through ``memo`` by the program's frames
-    (variants of one program share most constants; descs come from one JSON: same order)."""
+    (variants of one program share most constants), in one pass: classes, functions and
+    modules named by path (nearly all of a table) are resolved here, each module looked up
+    once, with the codec's checks; anything else, and any of those that does not resolve
+    cleanly, by :func:`decode_const` (which then names the problem)."""
     out = []
+    append = out.append
+    modules: dict[str, Any] = {}
     for desc in consts:
-        key = repr(desc)
+        if type(desc) is dict and _KEY_TYPES.issuperset(map(type, desc.values())):
+            key: Any = tuple(desc.items())  # names only: equal keys are equal descriptors
+        else:  # numbers (1 == True == 1.0 as keys), nested descriptors: by their text
+            key = repr(desc)
         value = memo.get(key, _MISSING)
         if value is _MISSING:
-            value = memo[key] = decode_const(desc)
-        out.append(value)
+            value = _named(desc, modules)
+            if value is _MISSING:
+                value = decode_const(desc)
+            memo[key] = value
+        append(value)
     return out
+
+
+_KEY_TYPES = frozenset({str, type(None)})
+#: kind -> what the named object must be (as ``code_codec``'s decoders check it)
+_NAMED_KINDS: dict[str, Callable[[Any], bool]] = {
+    "class": lambda obj: isinstance(obj, type),
+    "function": lambda obj: callable(obj) and not isinstance(obj, type),
+}
+
+
+def _named(desc: Any, modules: dict[str, Any]) -> Any:
+    """``{"kind": "class"|"function", "module", "qualname"}`` or ``{"kind": "module", "name"}``
+    resolved as ``code_codec.decode_value`` resolves it (an imported module, then attribute
+    by attribute of an identifier path); ``_MISSING`` for anything else or anything that
+    does not resolve, which the codec then decodes (or refuses, with its message)."""
+    kind = desc.get("kind") if type(desc) is dict else None
+    if kind == "module":
+        module = desc.get("name")
+        return _loaded(module, modules) if type(module) is str else _MISSING
+    check = _NAMED_KINDS.get(kind)  # type: ignore[arg-type]
+    module, qualname = desc.get("module"), desc.get("qualname")
+    if check is None or type(module) is not str or type(qualname) is not str or "<locals>" in qualname:
+        return _MISSING
+    parts = qualname.split(".")
+    obj = _loaded(module, modules) if all(map(str.isidentifier, parts)) else _MISSING
+    for part in parts:
+        if obj is _MISSING:
+            return _MISSING
+        obj = getattr(obj, part, _MISSING)
+    return obj if obj is not _MISSING and check(obj) else _MISSING
+
+
+def _loaded(module: str, modules: dict[str, Any]) -> Any:
+    """An already imported module by name (what ``import_module`` returns for it), else _MISSING."""
+    found = modules.get(module)
+    if found is None:
+        found = sys.modules.get(module)
+        if found is None or not module or getattr(getattr(found, "__spec__", None), "_initializing", False):
+            return _MISSING
+        modules[module] = found
+    return found
 
 
 def decode_const(desc: Any) -> Any:
