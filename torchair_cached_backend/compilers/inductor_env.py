@@ -15,15 +15,16 @@ Variables read outside the config modules are keyed unless listed in
 keyed on purpose: it decides which vector ISA the kernels are built for (``0``
 disables vectorization, ``1`` skips the probe that can reject an ISA). Parsing
 happens only in a process where a ``TORCHINDUCTOR_*`` variable outside those two
-tables is set (once; ~0.1 s on a busy 2-core machine, paid by such a warm start).
+tables is set (once; ~0.1 s on a busy 2-core machine, paid by such a warm start); the
+parser is :mod:`.inductor_env_parse`, which a warm start without such a variable never imports.
 """
 
 from __future__ import annotations
 
-import ast
 import functools
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 PREFIX = "TORCHINDUCTOR_"
 #: config modules (relative to torch's package dir) whose entries TORCHINDUCTOR_* variables feed
@@ -52,70 +53,13 @@ NOT_CODEGEN_ELSEWHERE: dict[str, str] = {
 }
 
 
-def _env_names(node: ast.AST) -> set[str]:
-    return {
-        n.value for n in ast.walk(node)
-        if isinstance(n, ast.Constant) and isinstance(n.value, str) and n.value.startswith(PREFIX)
-    }
-
-
-def _called_names(node: ast.AST) -> set[str]:
-    return {n.func.id for n in ast.walk(node) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
-
-
-def _string_list(node: ast.AST | None) -> list[str]:
-    if isinstance(node, (ast.List, ast.Tuple)):
-        return [e.value for e in node.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)]
-    return []
-
-
-def parse_config_source(source: str) -> tuple[dict[str, set[str]], list[str], list[str]]:
-    """``({env var: config entries it feeds}, ignore prefixes, ignored entries)`` of one config module."""
-    tree = ast.parse(source)
-    helpers: dict[str, set[str]] = {}  # module-level function -> env vars it reads (with what it calls)
-    calls: dict[str, set[str]] = {}
-    for node in tree.body:
-        if isinstance(node, ast.FunctionDef):
-            helpers[node.name] = _env_names(node)
-            calls[node.name] = _called_names(node)
-    for _ in range(3):  # helpers calling helpers
-        for name, called in calls.items():
-            for other in called & set(helpers):
-                helpers[name] |= helpers[other]
-    feeds: dict[str, set[str]] = {}
-    ignore_prefix: list[str] = []
-    ignored: list[str] = []
-
-    def visit(body: Iterable[ast.stmt], prefix: str) -> None:
-        nonlocal ignore_prefix, ignored
-        for node in body:
-            if isinstance(node, ast.ClassDef):
-                visit(node.body, f"{prefix}{node.name}.")
-                continue
-            if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
-                target, value = node.targets[0].id, node.value
-            elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.value is not None:
-                target, value = node.target.id, node.value
-            else:
-                continue
-            if not prefix and target == "_cache_config_ignore_prefix":
-                ignore_prefix = _string_list(value)
-            elif not prefix and target == "_save_config_ignore":
-                ignored = _string_list(value)
-            envs = _env_names(value)
-            for called in _called_names(value) & set(helpers):
-                envs |= helpers[called]
-            for env in envs:
-                feeds.setdefault(env, set()).add(prefix + target)
-
-    visit(tree.body, "")
-    return feeds, ignore_prefix, ignored
-
 
 @functools.cache
 def _classification() -> tuple[dict[str, set[str]], tuple[str, ...], frozenset[str]]:
     """What every config module says, merged (memoized: parsed once per process)."""
     import torch
+
+    from .inductor_env_parse import parse_config_source
 
     root = os.path.dirname(torch.__file__)
     feeds: dict[str, set[str]] = {}
@@ -170,3 +114,11 @@ def ignored_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """The ``TORCHINDUCTOR_*`` variables set that leave the key (for ``explain``)."""
     env = os.environ if environ is None else environ
     return {k: env[k] for k in sorted(env) if k.startswith(PREFIX) and not affects_codegen(k)}
+
+
+def __getattr__(name: str) -> Any:
+    if name == "parse_config_source":  # the parser, in a module of its own (off the warm path)
+        from .inductor_env_parse import parse_config_source
+
+        return parse_config_source
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
