@@ -7,7 +7,8 @@ ours that came in with them. Deterministic measures beside the times: how many m
 and the KB of their compiled code (``marshal`` of each module's code object: what its
 ``.pyc`` holds, without the 16-byte header). With ``--route`` the backend route's warm
 start (``torch.compile(model, backend="npu_cached")`` on a warm cache, first call) is
-measured the same way. Each tree fills its own cache in one untimed cold process first.
+measured the same way; then the imports alone (each tree's warm-load modules, imported in a
+fresh process). Each tree fills its own cache in one untimed cold process first.
 
 usage: python benchmarks/warm_imports.py [--repeat 7] [--layers 4] [--route]
        [--package-root DIR] [--baseline-root DIR] [--note TEXT] [--out PATH]
@@ -44,6 +45,16 @@ def _code_bytes(module: object) -> int:
 def _child(action: str, cache_dir: str, layers: int) -> dict:
     import torch
     import transformers  # noqa: F401  (imports Dynamo, as in every transformers process)
+
+    if action == "imports":  # only the imports: the modules a warm load of this tree imported, in order
+        import importlib
+
+        with open(cache_dir) as f:
+            names = json.load(f)
+        t0 = time.perf_counter()
+        for name in names:
+            importlib.import_module(name)
+        return {"imports_s": time.perf_counter() - t0, "modules": names}
 
     sys.path.insert(0, os.path.join(REPO, "tests"))
     import hf_tiny
@@ -119,6 +130,12 @@ def render(doc: dict) -> str:
             rows.append(f"| {route}, {label} | {len(first['modules'])} | {first['total_bytes'] / 1024:.0f} "
                         f"| {_stats(ok, 'import_s')} | {_stats(ok, 'load_s')} | {_stats(ok, 'call_s')} "
                         f"| {_stats(ok, 'total_s')} |")
+    imports = {label: [r for r in doc["runs"].get(f"imports:{label}", []) if "imports_s" in r]
+               for label in ("baseline", "now")}
+    if any(imports.values()):
+        rows += ["", "Importing only the modules of ours each warm `load()` imported (same order, fresh "
+                 "processes after torch + transformers, round-robin), ms: "
+                 + "; ".join(f"{label} {_stats(runs, 'imports_s')}" for label, runs in imports.items() if runs)]
     for route in doc["routes"]:
         now = next((r for r in doc["runs"].get(f"{route}:now", []) if "modules" in r), None)
         base = next((r for r in doc["runs"].get(f"{route}:baseline", []) if "modules" in r), None)
@@ -166,6 +183,16 @@ def main() -> None:
             for label, root in roots.items():
                 action = "warm" if route == "load()" else "route"
                 doc["runs"].setdefault(f"{route}:{label}", []).append(_spawn(root, [action, caches[label], str(a.layers)]))
+    for label in roots:  # the imports alone, of what each tree's warm load imported
+        first = next((r for r in doc["runs"].get(f"load():{label}", []) if "modules" in r), None)
+        if first is not None:
+            with open(os.path.join(work, f"{label}.modules.json"), "w") as f:
+                json.dump(first["modules"], f)
+    for _ in range(a.repeat):
+        for label, root in roots.items():
+            names = os.path.join(work, f"{label}.modules.json")
+            if os.path.exists(names):
+                doc["runs"].setdefault(f"imports:{label}", []).append(_spawn(root, ["imports", names, "0"]))
     harness.write_outputs(doc, a.out, render)
 
 

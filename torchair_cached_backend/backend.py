@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from . import graph_load
 from . import key as keys
 from .cached_graph import CachedGraph
 from .compile_mode import COMPILE_MODES, apply_mode  # noqa: F401  (re-exported)
@@ -56,10 +57,10 @@ def compile_graph(gm: Any, example_inputs: list[Any], options: BackendOptions) -
 
     key, factors = keys.compute_key(gm, example_inputs, compiler, options, torch.is_grad_enabled(), training=training)
     store = graph_store(options)
-    fn = load_graph(store, key, compiler, options)
+    fn = graph_load.load_graph(store, key, compiler, options)  # one seam with the bypass loader's loads
     if fn is None:
         with store.lock(key, timeout=options.lock_timeout):
-            fn = load_graph(store, key, compiler, options)  # another process may have finished it
+            fn = graph_load.load_graph(store, key, compiler, options)  # another process may have finished it
             if fn is None:
                 fn = _compile_and_store(store, key, factors, gm, example_inputs, compiler, options, compile_fn)
     return _announce(fn, options, gm)
