@@ -1,20 +1,25 @@
 """``TCB_PROFILE=1``: where a warm start spends its time, one stderr line per load.
 
 Off (the default) this module is never imported and nothing on the warm path is
-wrapped: zero cost. On, :func:`install` (called at package import) wraps the few
-functions a load goes through with timers; each ``load()``/``cache_compile`` load
-prints, after the replay's first call::
+wrapped: zero cost. On, :func:`install` (called at package import) times the import
+of each of our modules (imported when the code needs it, as without profiling) and
+wraps the few functions a load goes through with timers once their module is in;
+each ``load()``/``cache_compile`` load prints, after the replay's first call::
 
-    tcb profile: load LlamaForCausalLM.forward: 6.10 ms = read 0.10 + verify 0.19 + decode 1.40
-    + checks 0.50 + guards 1.52 (619 checks) + graphs 0.30 + other 2.09 | first call 2.90 ms (check 0.02, run 2.88)
+    tcb profile: load LlamaForCausalLM.forward: 6.10 ms = imports 1.20 (9 modules) + read 0.10 + verify 0.19
+    + decode 1.40 + checks 0.50 + guards 1.52 (619 checks) + graphs 0.30 + other 0.89
+    | first call 2.90 ms (check 0.02, run 2.88) | imported before the load: 2.10 ms (14 modules)
 
 Phases are exclusive (an inner phase's time is not counted in the outer one), so they
-add up to the load's total: ``read`` the entry files, ``verify`` their sha256,
+add up to the load's total: ``imports`` our modules imported during the load (reading
+and unmarshalling their code, running their bodies), ``read`` the entry files, ``verify`` their sha256,
 ``decode`` manifests, bytecode and guard constants, ``checks`` build the guard
 functions, ``guards`` evaluate load-time guards (with how many checks the generated
 functions hold: a check repeated per layer is one check in a loop), ``graphs`` load the compiled graphs
 (the compiler's own part), ``callees`` nested loads of methods replayed on their own,
-``other`` the rest. A replay never called reports at exit.
+``other`` the rest. Our modules imported since the previous line but before the load
+began (``tcb.load`` itself imports the loader) are named apart. A replay never called
+reports at exit.
 """
 
 from __future__ import annotations
@@ -29,10 +34,13 @@ from collections.abc import Callable
 from typing import Any
 
 ENV = "TCB_PROFILE"
-PHASES = ("read", "verify", "decode", "checks", "guards", "graphs", "callees")
+PHASES = ("imports", "read", "verify", "decode", "checks", "guards", "graphs", "callees")
+PACKAGE = __name__.rpartition(".")[0]
 
 _local = threading.local()
 _pending: list[_Load] = []
+#: [seconds, modules] of our imports outside any load, not yet reported
+_outside = [0.0, 0]
 
 
 def enabled() -> bool:
@@ -51,15 +59,20 @@ class _Load:
         self.first_run: float | None = None
         self.reported = False
         self.checks = 0  # checks the load-time functions hold (a looped per-layer check counts once)
+        self.modules = 0  # our modules imported during the load
+        self.before = (0.0, 0)  # (seconds, modules) of our imports since the last line, before this load
 
     def add(self, phase: str, seconds: float) -> None:
         self.phases[phase] = self.phases.get(phase, 0.0) + seconds
 
     def line(self) -> str:
         ms = 1e3
-        parts = [f"{p} {self.phases.get(p, 0.0) * ms:.2f}" for p in PHASES if p in self.phases or p != "callees"]
+        shown = [p for p in PHASES if p in self.phases or p not in ("callees", "imports")]
+        parts = [f"{p} {self.phases.get(p, 0.0) * ms:.2f}" for p in shown]
         if self.checks:
-            parts[PHASES.index("guards")] += f" ({self.checks} checks)"
+            parts[shown.index("guards")] += f" ({self.checks} checks)"
+        if self.modules:
+            parts[shown.index("imports")] += f" ({self.modules} modules)"
         other = self.total - sum(self.phases.values())
         parts.append(f"other {max(other, 0.0) * ms:.2f}")
         text = f"tcb profile: load {self.name}: {self.total * ms:.2f} ms = " + " + ".join(parts)
@@ -71,6 +84,8 @@ class _Load:
                      f"(check {check * ms:.2f}, run {self.first_run * ms:.2f})")
         elif not self.outcome:
             text += " | first call - (not replayed)"
+        if self.before[1]:
+            text += f" | imported before the load: {self.before[0] * ms:.2f} ms ({self.before[1]} modules)"
         return text
 
     def report(self) -> None:
@@ -125,6 +140,9 @@ def profiled_load(build: Callable[..., Any]) -> Callable[..., Any]:
     def wrapper(target: Any, *args: Any, **kwargs: Any) -> Any:
         load = _Load(_name(target))
         loads, timers = _loads(), _timers()
+        if not loads:
+            load.before = (_outside[0], _outside[1])
+            _outside[0], _outside[1] = 0.0, 0
         loads.append(load)
         timers.append(0.0)
         t0 = time.perf_counter()
@@ -226,21 +244,88 @@ def _counted(load_failures: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-def install() -> None:
-    """Wrap the load's functions with timers (once per process)."""
-    import importlib
-
-    if _installed:
+def _wrap_targets(module_name: str) -> None:
+    """Put the timers on ``module_name``'s functions of :data:`_TARGETS` (once)."""
+    module = sys.modules.get(module_name)
+    if module is None:
         return
-    for module_name, attr, phase in _TARGETS:
-        module = importlib.import_module(module_name)
-        fn = getattr(module, attr, None)
+    for name, attr, phase in _TARGETS:
+        fn = getattr(module, attr, None) if name == module_name else None
         if fn is not None and not getattr(fn, "__wrapped_by_tcb_profile__", False):
             setattr(module, attr, timed(phase, fn))
-    from .bypass import guard_runtime, loader
+    if module_name == f"{PACKAGE}.bypass.guard_runtime":
+        checks = module.GuardChecks
+        if not getattr(checks.load_failures, "__wrapped_by_tcb_profile__", False):
+            checks.load_failures = _counted(timed("guards", checks.load_failures))
+    elif module_name == f"{PACKAGE}.bypass.loader" and not getattr(
+            module.build_replay, "__wrapped_by_tcb_profile__", False):
+        module.build_replay = profiled_load(module.build_replay)
 
-    guard_runtime.GuardChecks.load_failures = _counted(timed("guards", guard_runtime.GuardChecks.load_failures))
-    loader.build_replay = profiled_load(loader.build_replay)
+
+class _TimedLoader:
+    """A module loader of ours whose ``exec_module`` is timed as the ``imports`` phase
+    (outside a load: kept for the next line); everything else is the real loader's."""
+
+    def __init__(self, loader: Any, name: str) -> None:
+        self._loader = loader
+        self._name = name
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self._loader, attr)
+
+    def create_module(self, spec: Any) -> Any:
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module: Any) -> None:
+        loads = _loads()
+        if loads:
+            loads[-1].modules += 1
+            timed("imports", self._loader.exec_module)(module)
+        else:
+            timers = _timers()
+            timers.append(0.0)
+            t0 = time.perf_counter()
+            try:
+                self._loader.exec_module(module)
+            finally:
+                elapsed = time.perf_counter() - t0
+                inner = timers.pop()
+                if timers:
+                    timers[-1] += elapsed
+                _outside[0] += elapsed - inner
+                _outside[1] += 1
+        _wrap_targets(self._name)
+
+
+class _ImportTimer:
+    """First on ``sys.meta_path``: finds our modules with the finders after it and
+    hands their specs a :class:`_TimedLoader`."""
+
+    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
+        if not name.startswith(PACKAGE + "."):
+            return None
+        for finder in sys.meta_path:
+            find = getattr(finder, "find_spec", None)
+            if finder is self or find is None:
+                continue
+            spec = find(name, path, target)
+            if spec is not None:
+                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                    spec.loader = _TimedLoader(spec.loader, name)
+                return spec
+        return None
+
+
+def install() -> None:
+    """Time our imports and wrap the load's functions with timers (once per process).
+
+    Nothing is imported here: a profiled warm start imports what an unprofiled one does,
+    so the ``imports`` phase is what a user's start pays."""
+    if _installed:
+        return
+    sys.meta_path.insert(0, _ImportTimer())
+    for name in [n for n in sys.modules if n.startswith(PACKAGE + ".")]:
+        _wrap_targets(name)
     globals()["_installed"] = True
 
 
