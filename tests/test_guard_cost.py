@@ -471,8 +471,37 @@ def _sample_functions():
     return values, functions, odd
 
 
+def _walked_fingerprint(code):
+    """The codec's fingerprint as written before its walk skipped atom constants: every
+    constant mapped one by one. Digests stored by either must hold for the other."""
+    import hashlib
+    import importlib.util
+    import marshal
+    import sys
+
+    from torchair_cached_backend import code_codec
+
+    def item(value):
+        t = type(value)
+        if t in code_codec._FP_ATOMS:
+            return value
+        if t is types.CodeType:
+            return tree(value)
+        if t is tuple:
+            return ("t", tuple(item(v) for v in value))
+        return code_codec._fp_item(value)  # frozensets and values that are not plain data
+
+    def tree(c):
+        return ("c", *(getattr(c, f, None) for f in code_codec._FP_FIELDS), c.co_code,
+                getattr(c, "co_exceptiontable", b""), tuple(item(v) for v in c.co_consts))
+
+    tag = (code_codec.FINGERPRINT_VERSION, *sys.version_info[:2], importlib.util.MAGIC_NUMBER)
+    return hashlib.sha256(marshal.dumps((tag, tree(code)), 2)).hexdigest()
+
+
 def test_code_fingerprint_is_the_codecs():
-    # the guards' faster walk hashes exactly the codec's bytes: digests stored by either hold for the other
+    # the guards fingerprint with the codec, whose faster walk hashes exactly the bytes of the
+    # constant-by-constant walk: digests stored before hold after
     import gc
 
     from torchair_cached_backend import code_codec
@@ -480,12 +509,13 @@ def test_code_fingerprint_is_the_codecs():
     _, functions, odd = _sample_functions()
     codes = [f.__code__ for f in functions if hasattr(f, "__code__")] + [odd]
     codes += [o.__code__ for o in gc.get_objects() if type(o) is types.FunctionType][:3000]
-    assert all(guard_runtime._fast_fingerprint(c) == code_codec.code_fingerprint(c) for c in codes)
+    assert all(code_codec.code_fingerprint(c) == _walked_fingerprint(c) for c in codes)
+    assert all(guard_runtime._code_fp(c) == code_codec.code_fingerprint(c) for c in codes[:50])
     # still what the code does, not where it is: a constant's type counts, a line number does not
     one = compile("def f():\n    return 1\n", "a.py", "exec").co_consts[0]
     same = compile("\n\ndef f():\n    return 1\n", "elsewhere/b.py", "exec").co_consts[0]
     other = [compile(f"def f():\n    return {v}\n", "a.py", "exec").co_consts[0] for v in ("1.0", "True", "'1'")]
-    fp = guard_runtime._fast_fingerprint
+    fp = code_codec.code_fingerprint
     assert fp(one) == fp(same) and len({fp(one), *map(fp, other)}) == 4
 
 

@@ -28,6 +28,7 @@ import importlib
 import importlib.util
 import json
 import marshal
+import operator
 import struct
 import sys
 import types
@@ -498,8 +499,9 @@ def _fp_item(value: object) -> object:
         return value
     if t is types.CodeType:
         return _fp_tree(typing.cast(types.CodeType, value))
-    if t is tuple:
-        return ("t", tuple(_fp_item(v) for v in typing.cast(tuple, value)))
+    if t is tuple:  # a tuple of atoms maps to itself: no walk
+        value = typing.cast(tuple, value)
+        return ("t", value if _FP_ATOMS.issuperset(map(type, value)) else tuple(map(_fp_item, value)))
     if t is frozenset:
         return ("f", tuple(sorted(repr(_fp_item(v)) for v in typing.cast(frozenset, value))))
     from .code_encode import encode_value  # rare: a constant that is not plain data
@@ -517,11 +519,23 @@ def _fp_item(value: object) -> object:
     return ("o", f"{t.__module__}.{t.__qualname__}", text)
 
 
+#: the fields ``_fp_tree`` writes, read in one C call (where the interpreter has them all)
+_FP_CODE_FIELDS = operator.attrgetter(*_FP_FIELDS, "co_code", "co_exceptiontable")
+
+
 def _fp_tree(code: types.CodeType) -> tuple[object, ...]:
     """Every tuple of the tree is tagged (``c`` code, ``t`` tuple, ``f`` frozenset, ``v``/``o``
-    other values) and atoms never are tuples, so two different codes never write alike."""
-    return ("c", *(getattr(code, f, None) for f in _FP_FIELDS), code.co_code,
-            getattr(code, "co_exceptiontable", b""), tuple(_fp_item(c) for c in code.co_consts))
+    other values) and atoms never are tuples, so two different codes never write alike. An
+    atom is written as itself, so constants that are all atoms are written without a walk
+    (the warm start's guards fingerprint every function they check)."""
+    try:
+        fields: tuple[object, ...] = _FP_CODE_FIELDS(code)
+    except AttributeError:  # another interpreter's code object: a missing field is written as a default
+        fields = (*(getattr(code, f, None) for f in _FP_FIELDS), code.co_code, getattr(code, "co_exceptiontable", b""))
+    consts = code.co_consts
+    if not _FP_ATOMS.issuperset(map(type, consts)):
+        consts = tuple(map(_fp_item, consts))
+    return ("c", *fields, consts)
 
 
 #: id(code) -> (code, fingerprint): a live code object never changes (strong refs, bounded)

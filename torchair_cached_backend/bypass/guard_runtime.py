@@ -18,7 +18,6 @@ import hashlib
 import importlib
 import importlib.util
 import json
-import marshal
 import math
 import operator
 import os
@@ -115,55 +114,10 @@ def _eq(value: Any, expected: Any) -> bool:
     return isinstance(expected, float) and math.isnan(expected) and math.isnan(value)
 
 
-_fp_memo: dict[int, tuple[Any, str]] = {}
-
-
 def _code_fp(code: Any) -> str:
-    """Fingerprint of a code object, memoized per object (a live code object never changes):
-    :func:`code_codec.code_fingerprint`'s value, made faster (:func:`_fast_fingerprint`)."""
-    hit = _fp_memo.get(id(code))
-    if hit is not None and hit[0] is code:
-        return hit[1]
-    fp = _fast_fingerprint(code)
-    _fp_memo[id(code)] = (code, fp)
-    return fp
-
-
-#: the fields ``code_codec._fp_tree`` writes, read in one C call
-_CODE_FIELDS = operator.attrgetter(*code_codec._FP_FIELDS, "co_code", "co_exceptiontable")
-_FP_TAG = (code_codec.FINGERPRINT_VERSION, *sys.version_info[:2], importlib.util.MAGIC_NUMBER)
-_FP_ATOMS = code_codec._FP_ATOMS
-
-
-def _fast_fingerprint(code: types.CodeType) -> str:
-    """Exactly :func:`code_codec.code_fingerprint` (the same bytes are hashed: a digest stored
-    by either is checked by the other), without its Python-level walk over each constant
-    where it is the identity: a constant that is an atom is written as itself, so a code
-    whose constants are all atoms is written as ``(tag, ("c", *fields, consts))``, and only
-    nested code, tuples and other values are mapped (the rare ones by the codec itself)."""
-    try:
-        tree = _fp_tree(code)
-    except AttributeError:  # another interpreter's code object: the codec's own walk
-        return code_codec.code_fingerprint(code)
-    return hashlib.sha256(marshal.dumps((_FP_TAG, tree), 2)).hexdigest()
-
-
-def _fp_tree(code: types.CodeType) -> tuple[Any, ...]:
-    consts = code.co_consts
-    if not _FP_ATOMS.issuperset(map(type, consts)):
-        consts = tuple(map(_fp_item, consts))
-    return ("c", *_CODE_FIELDS(code), consts)
-
-
-def _fp_item(value: Any) -> Any:
-    t = type(value)
-    if t in _FP_ATOMS:
-        return value
-    if t is types.CodeType:
-        return _fp_tree(value)
-    if t is tuple:
-        return ("t", value if _FP_ATOMS.issuperset(map(type, value)) else tuple(map(_fp_item, value)))
-    return code_codec._fp_item(value)  # frozensets and values that are not plain data
+    """Fingerprint of a code object: the codec's (memoized per object, the same digest capture
+    stored)."""
+    return code_codec.code_fingerprint(code)
 
 
 def _fn_fp(fn: Any) -> str:
