@@ -109,6 +109,22 @@ def _timers() -> list[float]:
     return timers
 
 
+def _exclusive(call: Callable[[], Any], record: Callable[[float], None]) -> Any:
+    """``call()``, its time less the phases nested in it given to ``record`` (and the whole
+    of it counted as nested in the phase around it)."""
+    timers = _timers()
+    timers.append(0.0)
+    t0 = time.perf_counter()
+    try:
+        return call()
+    finally:
+        elapsed = time.perf_counter() - t0
+        inner = timers.pop()
+        if timers:
+            timers[-1] += elapsed
+        record(elapsed - inner)
+
+
 def timed(phase: str, fn: Callable[..., Any]) -> Callable[..., Any]:
     """``fn`` timed as ``phase`` of the innermost load (exclusive of inner phases)."""
 
@@ -117,17 +133,7 @@ def timed(phase: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         loads = _loads()
         if not loads:
             return fn(*args, **kwargs)
-        timers = _timers()
-        timers.append(0.0)
-        t0 = time.perf_counter()
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            elapsed = time.perf_counter() - t0
-            inner = timers.pop()
-            if timers:
-                timers[-1] += elapsed
-            loads[-1].add(phase, elapsed - inner)
+        return _exclusive(lambda: fn(*args, **kwargs), lambda seconds: loads[-1].add(phase, seconds))
 
     wrapper.__wrapped_by_tcb_profile__ = True  # type: ignore[attr-defined]
     return wrapper
@@ -262,6 +268,11 @@ def _wrap_targets(module_name: str) -> None:
         module.build_replay = profiled_load(module.build_replay)
 
 
+def _outside_import(seconds: float) -> None:
+    _outside[0] += seconds
+    _outside[1] += 1
+
+
 class _TimedLoader:
     """A module loader of ours whose ``exec_module`` is timed as the ``imports`` phase
     (outside a load: kept for the next line); everything else is the real loader's."""
@@ -280,20 +291,9 @@ class _TimedLoader:
         loads = _loads()
         if loads:
             loads[-1].modules += 1
-            timed("imports", self._loader.exec_module)(module)
+            _exclusive(lambda: self._loader.exec_module(module), lambda seconds: loads[-1].add("imports", seconds))
         else:
-            timers = _timers()
-            timers.append(0.0)
-            t0 = time.perf_counter()
-            try:
-                self._loader.exec_module(module)
-            finally:
-                elapsed = time.perf_counter() - t0
-                inner = timers.pop()
-                if timers:
-                    timers[-1] += elapsed
-                _outside[0] += elapsed - inner
-                _outside[1] += 1
+            _exclusive(lambda: self._loader.exec_module(module), _outside_import)
         _wrap_targets(self._name)
 
 
