@@ -18,6 +18,8 @@ class CacheStats:
     entries a local miss found in the read-only base / the remote (``layers.py``),
     remote_published, remote_bytes_in / _out, and remote_faults (a remote that was
     down, slow, full, refused auth, or an entry refused as corrupt, partial or unsigned).
+    runtime_caches_set_aside: GE / torchair run-time caches inside entries that did not match their
+    seal (or had none) and were moved to quarantine/ for GE to rebuild (``runtime_cache.py``).
     uncached_reasons: why graphs were compiled but not cached, counted by reason (e.g. a training
     graph whose outputs alias its inputs).
     (A plain class: it is imported with the package, on the warm path.)
@@ -28,6 +30,7 @@ class CacheStats:
         "fallbacks", "storage_faults", "fallback_reasons",
         "uncached_reasons",
         "base_hits", "remote_hits", "remote_published", "remote_faults", "remote_bytes_in", "remote_bytes_out",
+        "runtime_caches_set_aside",
     )
 
     def __init__(self, **values: object) -> None:

@@ -7,7 +7,8 @@ generic stubs cannot produce the objects GE's graph API returns by value).
 
 * ``load`` keeps the GE ``GraphDef`` proto and the options, and records them in
   :data:`LOADS` (with the op types, and whether the GE cache dir existed: as GE,
-  it writes a file into an existing cache dir and never creates one);
+  it reads the model cached there, else writes one, into an existing cache dir
+  only, never creating one; what it read is recorded too);
 * ``compile`` / ``auto_tune`` do nothing;
 * ``run`` returns, for every input of the ``NetOutput`` op, a zero tensor with
   that output's dtype and shape (or the caller's ``assigned_outputs`` tensor
@@ -129,6 +130,8 @@ LOADS: list[dict[str, Any]] = []
 GE_CACHE_OPTION = "ge.graph_compiler_cache_dir"
 #: what the shim writes into an existing GE cache dir (as GE would write its compiled model)
 GE_CACHE_FILE = "tcb_shim_ge_cache.om"
+#: what the shim's compiled model starts with
+GE_CACHE_TEXT = "tcb shim GE compiled model "
 
 
 def _shim_load(self, ge_graph, options=None):
@@ -138,14 +141,24 @@ def _shim_load(self, ge_graph, options=None):
     self._tcb_options = dict(options or {})
     cache_dir = self._tcb_options.get(GE_CACHE_OPTION)
     exists = bool(cache_dir) and os.path.isdir(cache_dir)
-    if exists:  # GE writes its cache into the directory, never creates it
-        with open(os.path.join(cache_dir, GE_CACHE_FILE), "w") as f:
-            f.write(self._tcb_options.get("ge.graph_key", ""))
+    read = None
+    listing: list[str] = []
+    if exists:  # GE reads the model it cached, else compiles and writes it (into the dir; never creates it)
+        listing = sorted(os.listdir(cache_dir))
+        model = os.path.join(cache_dir, GE_CACHE_FILE)
+        if os.path.exists(model):
+            with open(model, "rb") as f:
+                read = f.read().decode(errors="replace")
+        else:
+            with open(model, "w") as f:
+                f.write(GE_CACHE_TEXT + self._tcb_options.get("ge.graph_key", ""))
     LOADS.append(
         {
             "options": dict(self._tcb_options),
             "ops": [op.type for op in ge_graph.op] if hasattr(ge_graph, "op") else [],
             "ge_cache_dir_exists": exists,
+            "ge_cache_read": read,  # the cached model's bytes GE loaded (None: it compiled and wrote one)
+            "ge_cache_listing": listing,  # what the directory held when GE looked
         }
     )
 

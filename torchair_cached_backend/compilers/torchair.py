@@ -142,28 +142,63 @@ def _static_kernel_options(config: Any) -> dict[str, str]:
     }
 
 
-def _point_caches(module: types.ModuleType, files_dir: str | None, ge_cache: bool, ge_subdir: str = GE_CACHE_SUBDIR) -> None:
+def _point_caches(
+    module: types.ModuleType, files_dir: str | None, ge_cache: bool, ge_subdir: str = GE_CACHE_SUBDIR
+) -> list[Any]:
     """Re-point the generated code's GE / static-kernel caches into ``files_dir``
-    (our entry), creating the directories first as torchair does: GE caches nothing
-    into a directory that does not exist. A directory we cannot create (read-only
-    cache) falls back to a private temporary one: the call must not fail over it."""
+    (our entry). GE executes what it finds there, so each directory is first verified
+    against its seal (``runtime_cache.prepare``: a directory that does not match is set
+    aside and rebuilt), or created, as torchair creates it: GE caches nothing into a
+    directory that does not exist. A directory that cannot be used (read-only cache,
+    another process writing it) falls back to a private temporary one: the call must
+    not fail over it. Returns the entry's run-time caches, sealed after the first run."""
     hook = getattr(module, "_update_ge_cache_dir", None) if ge_cache else None
     static_hook = getattr(module, "_update_static_kernel_cache_dir", None)
+    caches: list[Any] = []
     if hook is None and static_hook is None:
-        return
-    if files_dir is None:
-        files_dir = _private_dir()
+        return caches
     for subdir, update in ((ge_subdir, hook), (STATIC_KERNEL_SUBDIR, static_hook)):
         if update is None:
             continue
-        path = os.path.join(files_dir, subdir)
-        try:
-            os.makedirs(path, mode=0o700, exist_ok=True)
-        except OSError as exc:
-            log.warning("npu_cached: cannot create %s (%s); GE caches into a private temporary directory", path, exc)
-            path = os.path.join(_private_dir(), subdir)
-            os.makedirs(path, mode=0o700, exist_ok=True)
+        cache = None
+        if files_dir is not None:
+            from .. import runtime_cache
+
+            try:
+                cache = runtime_cache.prepare(files_dir, subdir)
+            except Exception as exc:  # noqa: BLE001 - never fail the call over GE's cache
+                log.warning("npu_cached: cannot check the run-time cache %s in %s (%s); GE caches into a private "
+                            "temporary directory", subdir, files_dir, exc)
+        if cache is not None:
+            caches.append(cache)
+            update(cache.path)
+            continue
+        path = os.path.join(_private_dir(), subdir)
+        os.makedirs(path, mode=0o700, exist_ok=True)
         update(path)
+    return caches
+
+
+def _sealing_first_run(kernel: Callable[..., Any], caches: list[Any]) -> Callable[..., Any]:
+    """``kernel``, sealing ``caches`` once its first run returns (GE has written them then);
+    later calls go straight to ``kernel`` (one list index on the per-call path)."""
+    if not caches:
+        return kernel
+    current: list[Callable[..., Any]] = []
+
+    def first_run(*args: Any) -> Any:
+        out = kernel(*args)
+        current[0] = kernel
+        for cache in caches:
+            cache.after_run()
+        return out
+
+    current.append(first_run)
+
+    def call(*args: Any) -> Any:
+        return current[0](*args)
+
+    return call
 
 
 _private_dirs: list[str] = []
@@ -314,15 +349,19 @@ def _first_call_points_caches(
     backend published the entry, so the caches are pointed (and created) then - into
     the entry if it was published, else into a private temporary directory."""
     kernel = module.kernel
-    pending = [True]
+    current: list[Callable[..., Any]] = []
 
     def first_call(*args: Any) -> Any:
-        if pending:
-            pending.clear()
-            _point_caches(module, _published_files_dir(files_dir), ge_cache, ge_subdir)
-        return kernel(*args)
+        caches = _point_caches(module, _published_files_dir(files_dir), ge_cache, ge_subdir)
+        current[0] = _sealing_first_run(kernel, caches)
+        return current[0](*args)
 
-    return first_call
+    current.append(first_call)
+
+    def call(*args: Any) -> Any:
+        return current[0](*args)
+
+    return call
 
 
 #: file-name prefixes of a training artifact's forward and backward code
@@ -695,8 +734,12 @@ class TorchairCompiler:
                     raise ValueError(f"stored GE {phase} code has no _update_ge_cache_dir hook for its ge_cache dir")
                 if artifact.root is None:
                     raise ValueError("artifact has no root directory to hold the GE cache")
-                _point_caches(module, artifact.root, True, _ge_subdir(phase))
-        return build(_boxed(fw.kernel), _boxed(bw.kernel), artifact.meta["training"],
+        kernels = {"forward": fw.kernel, "backward": bw.kernel}
+        if artifact.meta.get("ge_cache"):
+            for phase, module in (("forward", fw), ("backward", bw)):
+                caches = _point_caches(module, artifact.root, True, _ge_subdir(phase))
+                kernels[phase] = _sealing_first_run(module.kernel, caches)
+        return build(_boxed(kernels["forward"]), _boxed(kernels["backward"]), artifact.meta["training"],
                      bool(artifact.meta.get("disable_amp")))
 
     @staticmethod
@@ -739,8 +782,8 @@ class TorchairCompiler:
                 raise ValueError("stored GE code has no _update_ge_cache_dir hook for its ge_cache dir")
             if artifact.root is None:
                 raise ValueError("artifact has no root directory to hold the GE cache")
-        _point_caches(module, artifact.root, bool(meta.get("ge_cache")))
-        kernel = module.kernel
+        caches = _point_caches(module, artifact.root, bool(meta.get("ge_cache")))
+        kernel = _sealing_first_run(module.kernel, caches)
         expected = int(meta["aot"]["num_inputs"])
 
         def torchair_graph(*args: Any) -> Any:
