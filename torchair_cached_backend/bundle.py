@@ -2,7 +2,10 @@
 
 Members: every file of every entry, ``cache/<root>/<kind>/<key>/manifest.json`` and
 ``.../files/<name>`` (``<root>`` is the entry's cache root relative to the packed
-directory, so a ``cache_compile`` tree unpacks into the same layout); then
+directory, so a ``cache_compile`` tree unpacks into the same layout), and a graph's
+sealed run-time caches (GE's compiled model, torchair's static kernels:
+``.../files/<cache>.seal.json`` and ``.../files/<cache>/<path>``, checked against
+their seal when packed; an unsealed one is left out with a note); then
 ``torchair-bundle.json``, the bundle manifest (each entry with the versions it was
 built under, and the size and sha256 of every member); and, when
 ``TORCHAIR_CACHE_KEY`` is set, ``torchair-bundle.sig``: the manifest's HMAC-SHA256.
@@ -13,7 +16,8 @@ symlink, hard link, device, fifo or directory, a member not in the manifest, and
 sizes over the limits refuse the whole bundle before anything is written. With
 ``TORCHAIR_CACHE_KEY`` set an unsigned or altered bundle is refused. Entries are
 staged in the stores' temporary directories and checked (every member's sha256,
-each entry's own manifest against the bundle's), and only when all of them pass
+each entry's own manifest against the bundle's, each run-time cache against its
+seal), and only when all of them pass
 is each one published with an atomic rename.
 """
 
@@ -31,6 +35,7 @@ import uuid
 from typing import Any
 
 from . import fs_security as fs
+from . import runtime_cache
 from .inventory import _MAX_DEPTH, find_entries
 from .logs import log
 from .store import (
@@ -132,6 +137,8 @@ def pack(cache_dir: str, bundle: str, *, compression: str | None = None, key: st
     tmp = f"{bundle}.tmp-{os.getpid()}-{uuid.uuid4().hex[:6]}"
     records: list[dict[str, Any]] = []
     skipped: list[str] = []
+    left_out: list[str] = []
+    runtime_count = 0
     created = time.time()
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, fs.FILE_MODE)
     try:
@@ -153,14 +160,22 @@ def pack(cache_dir: str, bundle: str, *, compression: str | None = None, key: st
                     for rel, data in blobs.items():
                         _add(tar, f"{base}/{rel}", data, created)
                         files[rel] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
-                    records.append({
+                    record = {
                         "root": root,
                         "kind": item.store.kind,
                         "key": item.key,
                         "versions": entry.manifest.get("versions"),
                         "size": sum(f["size"] for f in files.values()),
                         "files": files,
-                    })
+                    }
+                    if item.store.kind == "graphs":
+                        carried, notes = runtime_cache.collect(entry.files_dir)
+                        left_out += [f"{item.store.kind}/{item.key[:16]} {note}" for note in notes]
+                        if carried:
+                            record["runtime"] = _add_runtime(tar, base, carried, created)
+                            record["size"] += sum(f["size"] for f in record["runtime"].values())
+                            runtime_count += len(carried)
+                    records.append(record)
                 manifest = {
                     "format": FORMAT,
                     "version": FORMAT_VERSION,
@@ -183,15 +198,67 @@ def pack(cache_dir: str, bundle: str, *, compression: str | None = None, key: st
         raise
     for line in skipped:
         log.warning("torchair-cache pack: skipped broken entry %s", line)
+    for line in left_out:
+        log.warning("torchair-cache pack: left out the run-time cache of %s", line)
     return {
         "bundle": bundle,
         "entries": len(records),
         "skipped_broken": skipped,
+        "runtime_caches": runtime_count,
+        "runtime_caches_left_out": left_out,
         "payload_bytes": manifest["total_size"],
         "bundle_bytes": os.path.getsize(bundle),
         "signed": bool(mac_key),
         "seconds": time.perf_counter() - t0,
     }
+
+
+def _add_runtime(tar: tarfile.TarFile, base: str, carried: dict[str, tuple[bytes, dict[str, bytes]]],
+                 mtime: float) -> dict[str, dict[str, Any]]:
+    """Add an entry's verified run-time caches with their seals; their member records."""
+    out: dict[str, dict[str, Any]] = {}
+    for subdir, (seal_raw, data) in sorted(carried.items()):
+        members = {f"{FILES_DIR}/{runtime_cache.seal_name(subdir)}": seal_raw}
+        members.update({f"{FILES_DIR}/{subdir}/{rel}": blob for rel, blob in data.items()})
+        for rel, blob in members.items():
+            _add(tar, f"{base}/{rel}", blob, mtime)
+            out[rel] = {"size": len(blob), "sha256": hashlib.sha256(blob).hexdigest()}
+    return out
+
+
+def _runtime_member(rel: str) -> tuple[str, str | None] | None:
+    """(cache, path inside it) of a run-time cache member ``files/<cache>/<path>``, (cache, None)
+    for its seal ``files/<cache>.seal.json``; None for anything else."""
+    head, _, rest = rel.partition("/")
+    if head != FILES_DIR:
+        return None
+    for subdir in runtime_cache.SUBDIRS:
+        if rest == runtime_cache.seal_name(subdir):
+            return subdir, None
+        if rest.startswith(subdir + "/") and runtime_cache.valid_rel(rest[len(subdir) + 1:]):
+            return subdir, rest[len(subdir) + 1:]
+    return None
+
+
+def _check_runtime(bundle: str, e: dict[str, Any], seals: dict[str, bytes]) -> None:
+    """Each run-time cache an entry carries must be exactly what its seal (bound to the entry) lists."""
+    where = f"bundle {bundle}: entry {e['kind']}/{e['key'][:16]}"
+    groups: dict[str, dict[str, tuple[int, str]]] = {}
+    for rel, info in e.get("runtime", {}).items():
+        subdir, path = _runtime_member(rel)  # type: ignore[misc]  (checked by _expected_members)
+        group = groups.setdefault(subdir, {})
+        if path is not None:
+            group[path] = (info["size"], info["sha256"])
+    for subdir, group in groups.items():
+        if subdir not in seals:
+            raise BundleError(f"{where}: its run-time cache {subdir} has no seal; refusing (nothing was published)")
+        try:
+            sealed = runtime_cache.parse_seal(seals[subdir], e["key"], subdir)
+        except runtime_cache.SealMismatch as exc:
+            raise BundleError(f"{where}: the run-time cache {subdir}: {exc}; refusing (nothing was published)") from None
+        if sealed != group:
+            raise BundleError(f"{where}: the run-time cache {subdir} carried does not match its seal; refusing "
+                              "(nothing was published)")
 
 
 def _add(tar: tarfile.TarFile, name: str, data: bytes, mtime: float) -> None:
@@ -402,6 +469,19 @@ def _expected_members(bundle: str, manifest: Any) -> dict[str, dict[str, Any]]:
             if f"{base}/{rel}" in expected:
                 raise BundleError(f"{bad}: {base} is listed twice")
             expected[f"{base}/{rel}"] = info
+        runtime = e.get("runtime", {})
+        if not isinstance(runtime, dict) or (runtime and e["kind"] != "graphs"):
+            raise BundleError(f"{bad}: entry {e['kind']}/{str(e['key'])[:16]} has a malformed 'runtime' record")
+        for rel, info in runtime.items():
+            if not isinstance(rel, str) or _runtime_member(rel) is None:
+                raise BundleError(f"{bad}: run-time cache file {str(rel)[:120]!r} is not files/<cache>/<path> or "
+                                  "files/<cache>.seal.json")
+            if not isinstance(info, dict) or type(info.get("size")) is not int or info["size"] < 0 \
+                    or not isinstance(info.get("sha256"), str) or len(info["sha256"]) != 64:
+                raise BundleError(f"{bad}: record of {rel!r}")
+            if f"{base}/{rel}" in expected:
+                raise BundleError(f"{bad}: {base}/{rel} is listed twice")
+            expected[f"{base}/{rel}"] = info
     return expected
 
 
@@ -525,6 +605,14 @@ def verify(bundle: str, *, key: str | bytes | None = None, limits: Limits | None
                 if rel != MANIFEST:
                     _stream_member(tar, bundle, scanned, f"{base}/{rel}", sink=_NullSink())
             _check_entry(bundle, e, entry_manifest or b"")
+            seals = {}
+            for rel in e.get("runtime", {}):
+                subdir, path = _runtime_member(rel)  # type: ignore[misc]
+                if path is None:
+                    seals[subdir] = _stream_member(tar, bundle, scanned, f"{base}/{rel}") or b""
+                else:
+                    _stream_member(tar, bundle, scanned, f"{base}/{rel}", sink=_NullSink())
+            _check_runtime(bundle, e, seals)
     return _summary(bundle, scanned, t0)
 
 
@@ -602,6 +690,7 @@ def unpack(bundle: str, cache_dir: str, *, key: str | bytes | None = None, limit
                         os.fsync(sink.fileno())
                 with open(os.path.join(tmp, MANIFEST), "rb") as f:
                     _check_entry(bundle, e, f.read())
+                _check_runtime(bundle, e, _stage_runtime(tar, bundle, scanned, e, base, tmp))
             for store, key, tmp in staged:  # everything checked: publish, entry by entry
                 name = f"{store.kind}/{key[:16]}"
                 existing = _intact_existing(store, key)
@@ -638,6 +727,28 @@ def unpack(bundle: str, cache_dir: str, *, key: str | bytes | None = None, limit
             raise
     return _summary(bundle, scanned, t0, cache_dir=cache_dir, published=len(published), kept=len(kept),
                     merged=len(merged))
+
+
+def _stage_runtime(tar: tarfile.TarFile, bundle: str, scanned: _Scanned, e: dict[str, Any], base: str,
+                   tmp: str) -> dict[str, bytes]:
+    """Write an entry's run-time cache members into its staging dir; their seals' bytes."""
+    seals: dict[str, bytes] = {}
+    for rel in e.get("runtime", {}):
+        subdir, path = _runtime_member(rel)  # type: ignore[misc]  (checked by _expected_members)
+        target = os.path.join(tmp, *rel.split("/"))
+        parent = os.path.dirname(target)
+        if not os.path.isdir(parent):
+            os.makedirs(parent, mode=fs.DIR_MODE)
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), fs.FILE_MODE)
+        with os.fdopen(fd, "wb") as sink:
+            if path is None:
+                seals[subdir] = _stream_member(tar, bundle, scanned, f"{base}/{rel}") or b""
+                sink.write(seals[subdir])
+            else:
+                _stream_member(tar, bundle, scanned, f"{base}/{rel}", sink=sink)
+            sink.flush()
+            os.fsync(sink.fileno())
+    return seals
 
 
 def _intact_existing(store: Store, key: str) -> Any:

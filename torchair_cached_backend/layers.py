@@ -118,11 +118,23 @@ def fill(store: Store, key: str) -> Entry | None:
         return None
     manifest, files = got
     entry = _write_local(store, key, files, manifest)
+    if entry is not None and store.kind == "graphs":
+        _fill_runtime(remote, store.kind, _remote_key(layers, store.kind, key), entry.files_dir)
     if entry is not None:
         record(remote_hits=1)
         log.info("npu_cached: %s/%s fetched from the remote cache (%d bytes)", store.kind, key[:12],
                  sum(len(v) for v in files.values()))
     return entry
+
+
+def _fill_runtime(remote: RedisRemote, kind: str, rkey: str, files_dir: str) -> None:
+    """The graph's sealed run-time caches (GE's compiled model...) from the remote, verified
+    against their seals, into the entry just fetched (an entry without them is complete:
+    GE rebuilds them)."""
+    from . import runtime_cache
+
+    for subdir, (seal_raw, data) in remote.get_runtime(kind, rkey, runtime_cache.SUBDIRS).items():
+        runtime_cache.install(files_dir, subdir, seal_raw, data)
 
 
 def _from_base(store: Store, base_dir: str, key: str) -> Entry | None:

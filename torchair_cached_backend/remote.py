@@ -9,7 +9,11 @@ per-rank programs):
 * ``<p>:b:<sha256>`` (or ``...:<i>`` per chunk above the chunk size) - blobs,
   content-addressed, so kernels shared by many graphs are stored once;
 * ``<p>:l:<kind>:<ns><key>`` - the fleet-wide compile lock: ``SET NX PX`` with a
-  lease the holder renews; it expires when the holder dies or is stopped.
+  lease the holder renews; it expires when the holder dies or is stopped;
+* ``<p>:r:<kind>:<key>:<cache>`` - a graph's sealed run-time cache (GE's compiled
+  model, torchair's static kernels), published by the node that sealed it: a record
+  as above whose files are the seal and every file it lists, the seal checked
+  against them (and bound to the entry) on fetch.
 
 A reader verifies the record (signature when a key is set) and every blob's
 size and sha256 before anything is written locally; programs are merged with a
@@ -213,7 +217,8 @@ class RedisRemote:
         return [base] if chunks == 0 else [f"{base}:{i}" for i in range(chunks)]
 
     # -- records ------------------------------------------------------------
-    def _record(self, kind: str, key: str, files: dict[str, bytes], manifest: dict[str, Any]) -> tuple[bytes, dict[str, bytes]]:
+    def _record(self, kind: str, key: str, files: dict[str, bytes], manifest: dict[str, Any],
+                runtime: str | None = None) -> tuple[bytes, dict[str, bytes]]:
         """(record bytes, {redis key: bytes} of the blobs)."""
         chunk = int(self.params["chunk"])
         infos: dict[str, Any] = {}
@@ -226,13 +231,18 @@ class RedisRemote:
                 blobs[bkey] = data if chunks == 0 else data[i * chunk:(i + 1) * chunk]
         body: dict[str, Any] = {"format": RECORD_FORMAT, "kind": kind, "key": key, "manifest": manifest, "files": infos,
                                 "published": time.time()}
+        if runtime is not None:
+            body["runtime"] = runtime
         mac_key = signing_key()
         if mac_key is not None:
             body["sig"] = hmac.new(mac_key, _canonical(body), hashlib.sha256).hexdigest()
         return _canonical(body), blobs
 
-    def _parse_record(self, kind: str, key: str, raw: bytes) -> dict[str, Any]:
+    def _parse_record(self, kind: str, key: str, raw: bytes, runtime: str | None = None) -> dict[str, Any]:
         from .store_layout import loads_bounded, valid_name
+
+        if runtime is not None:
+            from .runtime_cache import valid_rel as valid_name  # noqa: F811 - a cache's files are paths
 
         try:
             body = loads_bounded(raw)
@@ -240,7 +250,7 @@ class RedisRemote:
             raise RemoteError("corrupt", f"record of {kind}/{key[:12]} is not valid JSON ({exc})") from None
         if not isinstance(body, dict) or body.get("format") != RECORD_FORMAT:
             raise RemoteError("corrupt", f"record of {kind}/{key[:12]} has another format")
-        if body.get("kind") != kind or body.get("key") != key:
+        if body.get("kind") != kind or body.get("key") != key or body.get("runtime") != runtime:
             raise RemoteError("corrupt", f"record of {kind}/{key[:12]} names another entry")
         infos = body.get("files")
         if not isinstance(infos, dict) or not isinstance(body.get("manifest"), dict):
@@ -303,6 +313,65 @@ class RedisRemote:
             self.fault(exc, f"read {kind}/{key[:12]}")
             return None
         return body["manifest"], files
+
+    # -- run-time caches (GE's compiled model, static kernels), each with its seal --------
+    def _rkey(self, kind: str, key: str, subdir: str) -> str:
+        return f"{self.prefix}:r:{kind}:{key}:{subdir}"
+
+    def put_runtime(self, kind: str, key: str, subdir: str, seal_raw: bytes, files: dict[str, bytes]) -> bool:
+        """Publish a sealed run-time cache of ``kind/key`` (blobs, then its record); False on a fault."""
+        from .runtime_cache import seal_name
+
+        if not self.available():
+            return False
+        try:
+            raw, blobs = self._record(kind, key, {seal_name(subdir): seal_raw, **{f"{subdir}/{rel}": data for rel, data in
+                                                                               files.items()}}, {}, runtime=subdir)
+            pipe = self.client().pipeline(transaction=True)
+            for bkey, data in blobs.items():
+                pipe.set(bkey, data)
+            pipe.set(self._rkey(kind, key, subdir), raw)
+            pipe.execute()
+            record(remote_bytes_out=len(raw) + sum(len(v) for v in blobs.values()), remote_published=1)
+            return True
+        except Exception as exc:  # noqa: BLE001
+            self.fault(exc, f"publish the run-time cache {subdir} of {kind}/{key[:12]}")
+            return False
+
+    def get_runtime(self, kind: str, key: str, subdirs: tuple[str, ...]) -> dict[str, tuple[bytes, dict[str, bytes]]]:
+        """{cache: (seal bytes, {path: bytes})} of the run-time caches of ``kind/key`` the remote holds,
+        each record (signature when a key is set), blob and seal checked; a refused one is left out."""
+        from .runtime_cache import SealMismatch, seal_name, verify_carried
+
+        found: dict[str, tuple[bytes, dict[str, bytes]]] = {}
+        if not self.available():
+            return found
+        try:
+            conn = self.client()
+            raws = conn.mget([self._rkey(kind, key, subdir) for subdir in subdirs])
+        except Exception as exc:  # noqa: BLE001
+            self.fault(exc, f"read the run-time caches of {kind}/{key[:12]}")
+            return found
+        for subdir, raw in zip(subdirs, raws, strict=True):
+            if raw is None:
+                continue
+            try:
+                body = self._parse_record(kind, key, raw, runtime=subdir)
+                files = self._fetch_blobs(conn, kind, key, body)
+                seal_raw = files.pop(seal_name(subdir), None)
+                prefix = subdir + "/"
+                if seal_raw is None or any(not name.startswith(prefix) for name in files):
+                    raise RemoteError("corrupt", f"the run-time cache {subdir} of {kind}/{key[:12]} is malformed")
+                data = {name[len(prefix):]: blob for name, blob in files.items()}
+                try:
+                    verify_carried(key, subdir, seal_raw, data)
+                except SealMismatch as exc:
+                    raise RemoteError("corrupt", f"the run-time cache {subdir} of {kind}/{key[:12]}: {exc}") from None
+            except Exception as exc:  # noqa: BLE001 - any fault is a miss: GE builds its own
+                self.fault(exc, f"read the run-time cache {subdir} of {kind}/{key[:12]}")
+                continue
+            found[subdir] = (seal_raw, data)
+        return found
 
     def exists(self, kind: str, key: str) -> bool:
         if not self.available():

@@ -209,7 +209,7 @@ def test_bundle_carries_the_sealed_run_time_cache(built, tampered, tmp_path):
     left_out = bundle.pack(unsealed, str(tmp_path / "u.tar"))
     assert packed["runtime_caches"] == 1 and not packed["runtime_caches_left_out"], packed
     assert left_out["runtime_caches"] == 0 and "ge_cache: not sealed" in left_out["runtime_caches_left_out"][0]
-    assert bundle.verify(str(tmp_path / "b.tar"))["entries"] == 1
+    assert bundle.verify(str(tmp_path / "b.tar"))["payload_bytes"] == packed["payload_bytes"]
     target, target_u = str(tmp_path / "unpacked"), str(tmp_path / "unpacked_u")
     bundle.unpack(str(tmp_path / "b.tar"), target)
     bundle.unpack(str(tmp_path / "u.tar"), target_u)
@@ -220,14 +220,13 @@ def test_bundle_carries_the_sealed_run_time_cache(built, tampered, tmp_path):
     assert res[target_u]["reads"] == [None] and res[target_u]["hits"] == 1, res
 
 
-def test_remote_carries_the_sealed_run_time_cache(built, redis_server, tmp_path):
+def test_remote_carries_the_sealed_run_time_cache(redis_server, tmp_path):
     url = redis_server.url(db=40)
-    redis_server.client().execute_command("SELECT", 40)
     node_a, node_b = str(tmp_path / "a"), str(tmp_path / "b")
     (a,) = _run([node_a], REMOTE=url).values()
     assert a["misses"] == 1 and a["reads"] == [None], a
     (b,) = _run([node_b], REMOTE=url).values()
     # node b fetched the entry and its sealed GE cache: GE loaded the model node a's GE compiled
-    assert (b["remote_hits"], b["misses"], b["runtime_caches_set_aside"]) == (1, 0, 0), b
-    assert b["reads"] == [built["model"]], b
+    assert b["remote_hits"] >= 1 and (b["misses"], b["runtime_caches_set_aside"]) == (0, 0), b
+    assert b["reads"] == [open(_om(node_a)).read()], b
     assert _seal(node_b) == _seal(node_a)
