@@ -1,0 +1,135 @@
+"""``runtime_cache``: the seal of a GE / torchair run-time cache inside an entry, without
+torchair (the end-to-end tests over the real torchair are tests/torchair/test_runtime_cache.py).
+
+The seal is written atomically (a failed write leaves the old seal, never a partial one),
+a directory another process is still writing is never set aside nor handed out, files GE
+adds after a verified start are sealed again, and a carried cache whose seal disagrees with
+its files is refused by bundles and the remote."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import io
+import json
+import os
+import tarfile
+
+import pytest
+
+from torchair_cached_backend import runtime_cache as rc
+from torchair_cached_backend.bundle import BUNDLE_MANIFEST, BundleError, pack, unpack
+from torchair_cached_backend.stats import reset_stats, stats
+from torchair_cached_backend.store import Store
+
+KEY = "k" * 64
+
+
+@pytest.fixture
+def entry(tmp_path):
+    """A published graph entry (no torchair): its files dir."""
+    root = str(tmp_path / "cache")
+    path = Store(root, "graphs").save(KEY, {"torchair_graph.py": b"print(1)\n"}, {})
+    assert path is not None
+    return os.path.join(path, "files")
+
+
+def _sealed(files_dir: str, content: bytes = b"model-1") -> rc.RuntimeCache:
+    cache = rc.prepare(files_dir, "ge_cache")
+    assert cache is not None and cache.writer
+    with open(os.path.join(cache.path, "m.om"), "wb") as f:
+        f.write(content)
+    cache.after_run()  # GE's first run returned: sealed
+    return cache
+
+
+def test_failed_seal_write_keeps_the_old_seal(entry, monkeypatch):
+    _sealed(entry)
+    seal_path = os.path.join(entry, "ge_cache.seal.json")
+    before = open(seal_path, "rb").read()
+    cache = rc.prepare(entry, "ge_cache")
+    assert cache is not None and not cache.writer  # verified
+    with open(os.path.join(cache.path, "more.om"), "wb") as f:
+        f.write(b"written later")
+
+    def crash(*a, **kw):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "rename", crash)
+    cache.after_run()  # the re-seal fails: logged, never raised
+    monkeypatch.undo()
+    assert open(seal_path, "rb").read() == before
+    assert sorted(os.listdir(entry)) == ["ge_cache", "ge_cache.seal.json", "torchair_graph.py"]  # no temp left
+
+
+def test_files_added_after_a_verified_start_are_sealed_again(entry):
+    _sealed(entry)
+    reset_stats()
+    cache = rc.prepare(entry, "ge_cache")
+    assert cache is not None and not cache.writer
+    with open(os.path.join(cache.path, "more.om"), "wb") as f:
+        f.write(b"GE compiled another model")
+    cache.after_run()
+    again = rc.prepare(entry, "ge_cache")
+    assert again is not None and not again.writer and stats().runtime_caches_set_aside == 0
+    assert set(rc.parse_seal(open(os.path.join(entry, "ge_cache.seal.json"), "rb").read(), KEY, "ge_cache")) == {
+        "m.om", "more.om"}
+
+
+def test_a_directory_being_written_is_left_alone(entry):
+    writer = rc.prepare(entry, "ge_cache")
+    assert writer is not None and writer.writer
+    with open(os.path.join(writer.path, "m.om"), "wb") as f:
+        f.write(b"half of a mod")  # GE of another process is still writing it, unsealed
+    reset_stats()
+    assert rc.prepare(entry, "ge_cache") is None  # GE of this one caches privately
+    assert os.listdir(writer.path) == ["m.om"] and stats().runtime_caches_set_aside == 0
+    writer.after_run()
+    assert rc.prepare(entry, "ge_cache") is not None  # sealed now: verified
+
+
+def test_bundle_refuses_a_run_time_cache_its_seal_does_not_list(entry, tmp_path):
+    _sealed(entry)
+    bundle = str(tmp_path / "b.tar")
+    assert pack(os.path.dirname(os.path.dirname(os.path.dirname(entry))), bundle)["runtime_caches"] == 1
+    with tarfile.open(bundle) as tar:
+        members = [(m, tar.extractfile(m).read()) for m in tar.getmembers()]
+    manifest = json.loads(next(d for m, d in members if m.name == BUNDLE_MANIFEST))
+    rewritten = []
+    for info, data in members:  # swap the model for another and re-make the (unsigned) bundle manifest to match
+        if info.name.endswith("/files/ge_cache/m.om"):
+            data = b"evil-model"
+            rel = info.name.split(f"{KEY}/", 1)[1]
+            manifest["entries"][0]["runtime"][rel] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+        rewritten.append((info, data))
+    raw = json.dumps(manifest, indent=1, sort_keys=True).encode()
+    evil = str(tmp_path / "evil.tar")
+    with tarfile.open(evil, "w") as tar:
+        for info, data in rewritten:
+            info = copy.copy(info)
+            data = raw if info.name == BUNDLE_MANIFEST else data
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    with pytest.raises(BundleError, match="run-time cache ge_cache carried does not match its seal"):
+        unpack(evil, str(tmp_path / "target"))
+    assert not os.path.exists(str(tmp_path / "target" / "graphs" / KEY))
+
+
+def test_remote_refuses_a_run_time_cache_its_seal_does_not_list(entry, redis_server, monkeypatch):
+    from torchair_cached_backend.remote import RedisRemote
+
+    _sealed(entry)
+    (found, notes) = rc.collect(entry)
+    seal_raw, data = found["ge_cache"]
+    remote = RedisRemote(redis_server.url(db=41))
+    assert remote.put_runtime("graphs", KEY, "ge_cache", seal_raw, data)
+    assert remote.get_runtime("graphs", KEY, rc.SUBDIRS) == {"ge_cache": (seal_raw, data)}
+    reset_stats()
+    other = RedisRemote(redis_server.url(db=41))
+    assert other.put_runtime("graphs", KEY, "ge_cache", seal_raw, {"m.om": b"evil-model"})  # blobs match, seal not
+    assert RedisRemote(redis_server.url(db=41)).get_runtime("graphs", KEY, rc.SUBDIRS) == {}
+    monkeypatch.setenv("TORCHAIR_CACHE_KEY", "secret")  # with a key set, the unsigned record is refused too
+    assert remote.put_runtime("graphs", KEY, "ge_cache", seal_raw, data) is True
+    monkeypatch.setenv("TORCHAIR_CACHE_KEY", "another")
+    assert RedisRemote(redis_server.url(db=41)).get_runtime("graphs", KEY, rc.SUBDIRS) == {}
+    assert stats().remote_faults == 2
