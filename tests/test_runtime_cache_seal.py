@@ -62,6 +62,21 @@ def test_failed_seal_write_keeps_the_old_seal(entry, monkeypatch):
     assert sorted(os.listdir(entry)) == ["ge_cache", "ge_cache.seal.json", "torchair_graph.py"]  # no temp left
 
 
+def test_leftovers_of_a_writer_that_died_are_dropped_and_its_cache_rebuilt(entry):
+    """A process killed mid-seal leaves a temporary seal and an unsealed directory, never a seal that lies."""
+    writer = rc.prepare(entry, "ge_cache")
+    with open(os.path.join(writer.path, "m.om"), "wb") as f:
+        f.write(b"half of a mod")
+    with open(os.path.join(entry, ".ge_cache.seal.json.tmp-1-dead"), "wb") as f:
+        f.write(b'{"format": "tcb-runtime-cache-se')
+    writer._release()  # the process died: its lock is gone, nothing was sealed
+    reset_stats()
+    cache = rc.prepare(entry, "ge_cache")
+    assert cache is not None and cache.writer and os.listdir(cache.path) == []  # set aside, a fresh one to fill
+    assert stats().runtime_caches_set_aside == 1
+    assert sorted(os.listdir(entry)) == ["ge_cache", "torchair_graph.py"]
+
+
 def test_files_added_after_a_verified_start_are_sealed_again(entry):
     _sealed(entry)
     reset_stats()

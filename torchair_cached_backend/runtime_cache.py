@@ -422,7 +422,24 @@ def prepare(files_dir: str, subdir: str) -> RuntimeCache | None:
     return cache
 
 
+def _drop_leftovers(files_fd: int, subdir: str) -> None:
+    """Temporary files of a seal or an install that died midway (both run under the files dir's
+    exclusive lock, which the caller holds now: any left is a dead writer's, never published)."""
+    import shutil
+
+    for name in os.listdir(files_fd):
+        if name.startswith((f".{subdir}.tmp-", f".{seal_name(subdir)}.tmp-")):
+            try:
+                if stat.S_ISDIR(os.stat(name, dir_fd=files_fd, follow_symlinks=False).st_mode):
+                    shutil.rmtree(name, dir_fd=files_fd)
+                else:
+                    os.unlink(name, dir_fd=files_fd)
+            except OSError as exc:
+                log.debug("npu_cached: cannot remove the leftover %s: %r", name, exc)
+
+
 def _prepare_locked(files_dir: str, files_fd: int, subdir: str, key: str) -> RuntimeCache | None:
+    _drop_leftovers(files_fd, subdir)
     try:
         fd = fs.open_dir(subdir, dir_fd=files_fd, root=files_dir)
     except FileNotFoundError:
