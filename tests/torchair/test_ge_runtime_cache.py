@@ -209,13 +209,13 @@ def test_bundle_carries_the_sealed_run_time_cache(built, tampered, tmp_path):
     clean, unsealed = tampered["caches"]["clean"], str(tmp_path / "unsealed")
     shutil.copytree(clean, unsealed, symlinks=True)
     os.remove(os.path.join(_files_dir(unsealed), "ge_cache.seal.json"))
-    packed = bundle.pack(clean, str(tmp_path / "b.tar"))
+    packed = bundle.pack(clean, str(tmp_path / "b.tar"), key="fleet-secret")  # signed: the seal's sha256 too
     left_out = bundle.pack(unsealed, str(tmp_path / "u.tar"))
     assert packed["runtime_caches"] == 1 and not packed["runtime_caches_left_out"], packed
     assert left_out["runtime_caches"] == 0 and "ge_cache: not sealed" in left_out["runtime_caches_left_out"][0]
-    assert bundle.verify(str(tmp_path / "b.tar"))["payload_bytes"] == packed["payload_bytes"]
+    assert bundle.verify(str(tmp_path / "b.tar"), key="fleet-secret")["signature"] == "verified"
     target, target_u = str(tmp_path / "unpacked"), str(tmp_path / "unpacked_u")
-    bundle.unpack(str(tmp_path / "b.tar"), target)
+    bundle.unpack(str(tmp_path / "b.tar"), target, key="fleet-secret")
     bundle.unpack(str(tmp_path / "u.tar"), target_u)
     assert _seal(target) == _seal(clean)
     assert not os.path.exists(os.path.join(_files_dir(target_u), "ge_cache"))
