@@ -82,13 +82,15 @@ def test_files_added_after_a_verified_start_are_sealed_again(entry):
     reset_stats()
     cache = rc.prepare(entry, "ge_cache")
     assert cache is not None and not cache.writer
-    with open(os.path.join(cache.path, "more.om"), "wb") as f:
-        f.write(b"GE compiled another model")
+    os.mkdir(os.path.join(cache.path, "sub"))
+    for name in ("sub/more.om", ".index"):  # GE's own hidden index files are sealed too
+        with open(os.path.join(cache.path, name), "wb") as f:
+            f.write(b"GE compiled another model")
     cache.after_run()
     again = rc.prepare(entry, "ge_cache")
     assert again is not None and not again.writer and stats().runtime_caches_set_aside == 0
     assert set(rc.parse_seal(open(os.path.join(entry, "ge_cache.seal.json"), "rb").read(), KEY, "ge_cache")) == {
-        "m.om", "more.om"}
+        "m.om", "sub/more.om", ".index"}
 
 
 def test_a_directory_being_written_is_left_alone(entry):
@@ -148,3 +150,22 @@ def test_remote_refuses_a_run_time_cache_its_seal_does_not_list(entry, redis_ser
     monkeypatch.setenv("TORCHAIR_CACHE_KEY", "another")
     assert RedisRemote(redis_server.url(db=41)).get_runtime("graphs", KEY, rc.SUBDIRS) == {}
     assert stats().remote_faults == 2
+
+
+def test_bundle_round_trip_keeps_nested_hidden_and_empty_caches(entry, tmp_path):
+    cache = rc.prepare(entry, "ge_cache")
+    os.makedirs(os.path.join(cache.path, "a", "b"))
+    for name, data in (("a/b/m.om", b"x" * 1000), (".idx", b"i")):
+        with open(os.path.join(cache.path, name), "wb") as f:
+            f.write(data)
+    cache.after_run()
+    rc.prepare(entry, "fw.ge_cache").after_run()  # GE wrote nothing: sealed empty
+    bundle = str(tmp_path / "b.tar.gz")
+    assert pack(os.path.dirname(os.path.dirname(os.path.dirname(entry))), bundle)["runtime_caches"] == 2
+    unpack(bundle, str(tmp_path / "target"))
+    files = str(tmp_path / "target" / "graphs" / KEY / "files")
+    reset_stats()
+    got = {sub: rc.prepare(files, sub) for sub in ("ge_cache", "fw.ge_cache")}
+    assert all(c is not None and not c.writer for c in got.values()) and stats().runtime_caches_set_aside == 0
+    assert set(got["ge_cache"].snapshot) == {"a/b/m.om", ".idx"}
+    assert os.stat(os.path.join(files, "ge_cache", "a")).st_mode & 0o077 == 0

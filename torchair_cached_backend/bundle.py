@@ -735,10 +735,12 @@ def _stage_runtime(tar: tarfile.TarFile, bundle: str, scanned: _Scanned, e: dict
     seals: dict[str, bytes] = {}
     for rel in e.get("runtime", {}):
         subdir, path = _runtime_member(rel)  # type: ignore[misc]  (checked by _expected_members)
-        target = os.path.join(tmp, *rel.split("/"))
-        parent = os.path.dirname(target)
-        if not os.path.isdir(parent):
-            os.makedirs(parent, mode=fs.DIR_MODE)
+        parts = rel.split("/")
+        for depth in range(2, len(parts)):  # files/<cache>/...: each level ours, 0700 (never through a link)
+            level = os.path.join(tmp, *parts[:depth])
+            if not os.path.lexists(level):
+                os.mkdir(level, fs.DIR_MODE)
+        target = os.path.join(tmp, *parts)
         fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), fs.FILE_MODE)
         with os.fdopen(fd, "wb") as sink:
             if path is None:
@@ -748,6 +750,10 @@ def _stage_runtime(tar: tarfile.TarFile, bundle: str, scanned: _Scanned, e: dict
                 _stream_member(tar, bundle, scanned, f"{base}/{rel}", sink=sink)
             sink.flush()
             os.fsync(sink.fileno())
+    for subdir in seals:  # a sealed cache that holds no file is still a directory
+        level = os.path.join(tmp, FILES_DIR, subdir)
+        if not os.path.lexists(level):
+            os.mkdir(level, fs.DIR_MODE)
     return seals
 
 

@@ -43,7 +43,7 @@ from typing import Any
 from . import fs_security as fs
 from .logs import log
 from .stats import record
-from .store_layout import QUARANTINE_DIR, loads_bounded, valid_name
+from .store_layout import QUARANTINE_DIR, loads_bounded
 
 #: the run-time cache directories the project points GE / torchair at inside an entry's files
 SUBDIRS = ("ge_cache", "fw.ge_cache", "bw.ge_cache", "static_kernels")
@@ -65,12 +65,19 @@ def seal_name(subdir: str) -> str:
     return subdir + SEAL_SUFFIX
 
 
+def plain_name(name: Any) -> bool:
+    """One path component GE may write: not empty, ``.`` or ``..``, no separator or NUL
+    (hidden names allowed: GE's own index and lock files may be)."""
+    return (isinstance(name, str) and name not in ("", ".", "..") and "/" not in name and "\\" not in name
+            and "\0" not in name)
+
+
 def valid_rel(rel: Any) -> bool:
     """A relative path inside a run-time cache: 1..MAX_DEPTH plain names joined by ``/``."""
     if not isinstance(rel, str):
         return False
     parts = rel.split("/")
-    return 0 < len(parts) <= MAX_DEPTH and all(valid_name(p) for p in parts)
+    return 0 < len(parts) <= MAX_DEPTH and all(plain_name(p) for p in parts)
 
 
 # ---------------------------------------------------------------- seal bytes
@@ -125,7 +132,7 @@ def _scan(dir_fd: int, prefix: str = "", depth: int = 1, out: dict[str, os.stat_
     uid = os.geteuid()
     for name in sorted(os.listdir(dir_fd)):
         rel = prefix + name
-        if not valid_name(name):
+        if not plain_name(name):
             raise SealMismatch(f"{rel!r} is not a plain file name")
         st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
         if stat.S_ISLNK(st.st_mode):
