@@ -96,12 +96,17 @@ def test_torchair_training_with_ge_cache_keeps_both_ge_caches_in_the_entry(tmp_p
     assert (cold["misses"], cold["uncached"], cold["reasons"]) == (1, 0, {}), cold
     assert cold["shape"] == [3, 2] and len(cold["grads"]) == cold["params"], cold
     (entry,) = glob.glob(os.path.join(cache, "graphs", "*", "files"))
-    for part in ("fw", "bw"):  # GE (the shim) wrote its cache where it was pointed: into the entry
+    for part in ("fw", "bw"):  # GE (the shim) wrote its cache where it was pointed: into the entry, sealed
         assert os.path.isfile(os.path.join(entry, f"{part}.ge_cache", "tcb_shim_ge_cache.om")), os.listdir(entry)
+        seal = json.load(open(os.path.join(entry, f"{part}.ge_cache.seal.json")))
+        assert list(seal["files"]) == ["tcb_shim_ge_cache.om"] and seal["cache"] == f"{part}.ge_cache", seal
     for om in glob.glob(os.path.join(entry, "*.ge_cache", "*.om")):
-        os.remove(om)
+        os.remove(om)  # missing from its sealed cache: set aside, GE rebuilds it
     warm = _run(cache, ge_cache=True)
     assert (warm["hits"], warm["misses"], warm["torchair_compiles"]) == (1, 0, 0), warm
     assert warm["grads"] == cold["grads"], warm
     for part in ("fw", "bw"):  # the warm process pointed GE at the entry's caches again
         assert os.path.isfile(os.path.join(entry, f"{part}.ge_cache", "tcb_shim_ge_cache.om")), os.listdir(entry)
+        seal = json.load(open(os.path.join(entry, f"{part}.ge_cache.seal.json")))
+        assert list(seal["files"]) == ["tcb_shim_ge_cache.om"], seal  # rebuilt and sealed again
+    assert len(glob.glob(os.path.join(cache, "quarantine", "graphs-*.ge_cache-*"))) == 2

@@ -18,7 +18,9 @@ cache entry: the stored code names a placeholder directory, and the generated
 ``_update_ge_cache_dir`` hook re-points it at ``<entry>/files/ge_cache`` (created
 first, as torchair creates its cache dir) before GE loads the graph, as torchair
 does when it rebases a moved cache. A graph that is not cached never points GE
-into the store: its GE cache goes to a private temporary directory.
+into the store: its GE cache goes to a private temporary directory. GE executes
+what it finds there, so the directory is verified against its seal before GE is
+pointed at it and sealed after the first run returns (``runtime_cache.py``).
 
 Training graphs (:meth:`TorchairCompiler.compile_training`) follow torchair's
 ``npu_backend`` route (its partitioner, a GE graph for the forward and one for the
@@ -347,14 +349,20 @@ def _first_call_points_caches(
 ) -> Callable[..., Any]:
     """The cold process's kernel: GE loads the graph at its first run, after the
     backend published the entry, so the caches are pointed (and created) then - into
-    the entry if it was published, else into a private temporary directory."""
+    the entry if it was published, else into a private temporary directory - and
+    sealed when that run returns (GE has written them then)."""
     kernel = module.kernel
     current: list[Callable[..., Any]] = []
+    pointed: list[list[Any]] = []
 
     def first_call(*args: Any) -> Any:
-        caches = _point_caches(module, _published_files_dir(files_dir), ge_cache, ge_subdir)
-        current[0] = _sealing_first_run(kernel, caches)
-        return current[0](*args)
+        if not pointed:  # once, even if the first run raises (this process then writes the caches)
+            pointed.append(_point_caches(module, _published_files_dir(files_dir), ge_cache, ge_subdir))
+        out = kernel(*args)
+        current[0] = kernel  # GE has written its caches: seal them, and call straight through from now on
+        for cache in pointed[0]:
+            cache.after_run()
+        return out
 
     current.append(first_call)
 
