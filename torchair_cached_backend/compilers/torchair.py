@@ -181,26 +181,21 @@ def _point_caches(
     return caches
 
 
-def _sealing_first_run(kernel: Callable[..., Any], caches: list[Any]) -> Callable[..., Any]:
-    """``kernel``, sealing ``caches`` once its first run returns (GE has written them then);
-    later calls go straight to ``kernel`` (one list index on the per-call path)."""
-    if not caches:
-        return kernel
-    current: list[Callable[..., Any]] = []
+def _first_run_slot(kernel: Callable[..., Any], caches: list[Any]) -> list[Callable[..., Any]]:
+    """A one-item list holding what to call: until ``kernel``'s first run returns (GE has
+    written ``caches`` then), a wrapper that seals them afterwards; then ``kernel`` itself,
+    so the steady-state call costs one list index."""
+    slot = [kernel]
+    if caches:
+        def first_run(*args: Any) -> Any:
+            out = kernel(*args)
+            slot[0] = kernel
+            for cache in caches:
+                cache.after_run()
+            return out
 
-    def first_run(*args: Any) -> Any:
-        out = kernel(*args)
-        current[0] = kernel
-        for cache in caches:
-            cache.after_run()
-        return out
-
-    current.append(first_run)
-
-    def call(*args: Any) -> Any:
-        return current[0](*args)
-
-    return call
+        slot[0] = first_run
+    return slot
 
 
 _private_dirs: list[str] = []
@@ -394,6 +389,13 @@ def _num_outputs(graph: Any) -> int:
 def _boxed(kernel: Callable[..., Any]) -> Callable[[list[Any]], Any]:
     def boxed(args: list[Any]) -> Any:
         return kernel(*args)
+
+    return boxed
+
+
+def _boxed_slot(slot: list[Callable[..., Any]]) -> Callable[[list[Any]], Any]:
+    def boxed(args: list[Any]) -> Any:
+        return slot[0](*args)
 
     return boxed
 
@@ -742,12 +744,11 @@ class TorchairCompiler:
                     raise ValueError(f"stored GE {phase} code has no _update_ge_cache_dir hook for its ge_cache dir")
                 if artifact.root is None:
                     raise ValueError("artifact has no root directory to hold the GE cache")
-        kernels = {"forward": fw.kernel, "backward": bw.kernel}
+        slots = {"forward": [fw.kernel], "backward": [bw.kernel]}
         if artifact.meta.get("ge_cache"):
             for phase, module in (("forward", fw), ("backward", bw)):
-                caches = _point_caches(module, artifact.root, True, _ge_subdir(phase))
-                kernels[phase] = _sealing_first_run(module.kernel, caches)
-        return build(_boxed(kernels["forward"]), _boxed(kernels["backward"]), artifact.meta["training"],
+                slots[phase] = _first_run_slot(module.kernel, _point_caches(module, artifact.root, True, _ge_subdir(phase)))
+        return build(_boxed_slot(slots["forward"]), _boxed_slot(slots["backward"]), artifact.meta["training"],
                      bool(artifact.meta.get("disable_amp")))
 
     @staticmethod
@@ -790,15 +791,14 @@ class TorchairCompiler:
                 raise ValueError("stored GE code has no _update_ge_cache_dir hook for its ge_cache dir")
             if artifact.root is None:
                 raise ValueError("artifact has no root directory to hold the GE cache")
-        caches = _point_caches(module, artifact.root, bool(meta.get("ge_cache")))
-        kernel = _sealing_first_run(module.kernel, caches)
+        slot = _first_run_slot(module.kernel, _point_caches(module, artifact.root, bool(meta.get("ge_cache"))))
         expected = int(meta["aot"]["num_inputs"])
 
         def torchair_graph(*args: Any) -> Any:
             if len(args) != expected:
                 raise TypeError(f"npu_cached torchair graph takes {expected} inputs, got {len(args)}")
-            return kernel(*args)
+            return slot[0](*args)
 
-        torchair_graph.kernel = kernel  # type: ignore[attr-defined]
+        torchair_graph.kernel = module.kernel  # type: ignore[attr-defined]
         torchair_graph.module = module  # type: ignore[attr-defined]
         return torchair_graph
