@@ -169,3 +169,21 @@ def test_bundle_round_trip_keeps_nested_hidden_and_empty_caches(entry, tmp_path)
     assert all(c is not None and not c.writer for c in got.values()) and stats().runtime_caches_set_aside == 0
     assert set(got["ge_cache"].snapshot) == {"a/b/m.om", ".idx"}
     assert os.stat(os.path.join(files, "ge_cache", "a")).st_mode & 0o077 == 0
+
+
+def test_a_read_only_base_hands_its_sealed_cache_to_the_local_one(entry, tmp_path):
+    from torchair_cached_backend import layers
+
+    _sealed(entry, b"model from the image")
+    base_root = os.path.dirname(os.path.dirname(os.path.dirname(entry)))
+    local_root = str(tmp_path / "local")
+    layers.configure(local_root, base_dir=base_root)
+    try:
+        got = Store(local_root, "graphs").load(KEY)
+    finally:
+        layers._BY_ROOT.pop(os.path.abspath(local_root), None)
+    assert got is not None and got.path.startswith(local_root)
+    reset_stats()
+    cache = rc.prepare(got.files_dir, "ge_cache")
+    assert cache is not None and not cache.writer and stats().runtime_caches_set_aside == 0
+    assert open(os.path.join(cache.path, "m.om"), "rb").read() == b"model from the image"

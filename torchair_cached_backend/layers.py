@@ -154,6 +154,14 @@ def _from_base(store: Store, base_dir: str, key: str) -> Entry | None:
     record(base_hits=1)
     fields = {k: v for k, v in entry.manifest.items() if k not in ("key", "kind", "files", "created", "last_used")}
     local = _write_local(store, key, entry.files, fields)
+    if local is not None and store.kind == "graphs":  # the base's sealed GE caches come along, verified
+        from . import runtime_cache
+
+        carried, notes = runtime_cache.collect(entry.files_dir)
+        for note in notes:
+            log.info("npu_cached: base cache entry %s/%s: run-time cache %s", store.kind, key[:12], note)
+        for subdir, (seal_raw, data) in carried.items():
+            runtime_cache.install(local.files_dir, subdir, seal_raw, data)
     return local if local is not None else entry  # a read-only local cache: served from the base in place
 
 
