@@ -187,3 +187,21 @@ def test_a_read_only_base_hands_its_sealed_cache_to_the_local_one(entry, tmp_pat
     cache = rc.prepare(got.files_dir, "ge_cache")
     assert cache is not None and not cache.writer and stats().runtime_caches_set_aside == 0
     assert open(os.path.join(cache.path, "m.om"), "rb").read() == b"model from the image"
+
+
+def test_processes_starting_together_verify_in_parallel(entry):
+    """A verifier holds the files dir's shared lock while it hashes: another one verifies beside it."""
+    import fcntl
+    import threading
+
+    _sealed(entry)
+    other = os.open(entry, os.O_RDONLY | os.O_DIRECTORY)
+    fcntl.flock(other, fcntl.LOCK_SH)  # another process, mid-verification
+    got = []
+    try:
+        worker = threading.Thread(target=lambda: got.append(rc.prepare(entry, "ge_cache")), daemon=True)
+        worker.start()
+        worker.join(10)
+        assert got and got[0] is not None and not got[0].writer
+    finally:
+        os.close(other)

@@ -18,10 +18,11 @@ Those bytes are executed, so they follow the entry's rule: only verified bytes r
   into ``<root>/quarantine/`` (reported once, counted in ``stats().runtime_caches_set_aside``;
   never deleted) and GE rebuilds it into a fresh one, sealed after its first run. The
   graph's entry itself stays in use.
-* **Writers** hold a shared ``flock`` on the directory from its creation until it is
-  sealed; another process that finds an unsealed directory under such a lock leaves it
-  alone and points its GE at a private temporary directory instead, so no GE ever reads
-  another's half-written model.
+* **Writers** hold an exclusive ``flock`` on the directory from its creation until it is
+  sealed; another process that finds it so locked leaves it alone and points its GE at a
+  private temporary directory instead, so no GE ever reads another's half-written model.
+  Verifying takes the entry's ``files/`` directory's shared lock (processes that start
+  together verify in parallel); setting aside, creating and sealing its exclusive one.
 
 A process that verified the directory re-checks it (``stat`` only, no hashing) after the
 first run and at exit: when GE added or rewrote files it is sealed again. Sealed caches
@@ -295,7 +296,7 @@ _ACTIVE_LOCK = threading.Lock()
 class RuntimeCache:
     """One run-time cache directory of one entry, as this process handed it to GE.
 
-    ``writer``: this process created it (or rebuilt it) and holds its shared flock until
+    ``writer``: this process created it (or rebuilt it) and holds its exclusive flock until
     the first run returns and it is sealed. Otherwise it was verified, and ``snapshot``
     (rel -> size, mtime, inode) tells whether GE changed it since."""
 
@@ -374,7 +375,7 @@ class RuntimeCache:
         self.writer = False
         fd, self._lock_fd = self._lock_fd, None
         if fd is not None:
-            os.close(fd)  # releases the writer's shared flock
+            os.close(fd)  # releases the writer's flock
 
 
 _LOCK_SH = 1 if fs.fcntl is None else fs.fcntl.LOCK_SH
@@ -415,8 +416,13 @@ def prepare(files_dir: str, subdir: str) -> RuntimeCache | None:
         log.warning("npu_cached: cannot open %s (%s); GE caches into a private temporary directory", files_dir, exc)
         return None
     try:
-        fs.flock(files_fd, _LOCK_EX)  # one process at a time inspects / sets aside / creates
-        cache = _prepare_locked(files_dir, files_fd, subdir, key)
+        # verifying needs only a shared lock (processes starting together verify in parallel); setting
+        # aside or creating takes the exclusive one and decides again from what is there then
+        fs.flock(files_fd, _LOCK_SH)
+        cache = _verify_shared(files_dir, files_fd, subdir, key)
+        if cache is _UNDECIDED:
+            fs.flock(files_fd, _LOCK_EX)
+            cache = _prepare_locked(files_dir, files_fd, subdir, key)
     finally:
         os.close(files_fd)  # releases the lock
     if cache is not None:
@@ -427,6 +433,33 @@ def prepare(files_dir: str, subdir: str) -> RuntimeCache | None:
                 atexit.register(_at_exit)
             _ACTIVE.append(cache)
     return cache
+
+
+_UNDECIDED: Any = object()
+
+
+def _verify_shared(files_dir: str, files_fd: int, subdir: str, key: str) -> RuntimeCache | None | Any:
+    """Under the files dir's shared lock: the verified cache, None (a writer holds it), or
+    :data:`_UNDECIDED` (missing, odd, unsealed or not matching: decided under the exclusive lock)."""
+    try:
+        fd = fs.open_dir(subdir, dir_fd=files_fd, root=files_dir)
+    except (OSError, fs.CacheSecurityError):
+        return _UNDECIDED
+    try:
+        if not fs.flock(fd, _LOCK_SH | _LOCK_NB):  # a writer holds it exclusively until it seals
+            log.info("npu_cached: the run-time cache %s is being written by another process; GE caches into a "
+                     "private temporary directory", os.path.join(files_dir, subdir))
+            return None
+        try:
+            raw = _read_seal(files_fd, subdir)
+            if raw is None:
+                return _UNDECIDED
+            snapshot, _ = check(fd, parse_seal(raw, key, subdir))
+        except (SealMismatch, OSError):
+            return _UNDECIDED
+        return RuntimeCache(files_dir, subdir, key, writer=False, lock_fd=None, snapshot=snapshot)
+    finally:
+        os.close(fd)
 
 
 def _drop_leftovers(files_fd: int, subdir: str) -> None:
@@ -467,8 +500,7 @@ def _prepare_locked(files_dir: str, files_fd: int, subdir: str, key: str) -> Run
             raw = _read_seal(files_fd, subdir)
             if raw is None:
                 if not os.listdir(fd):  # an empty directory: nothing to trust or distrust, write it
-                    fs.flock(fd, _LOCK_SH)
-                    keep_fd = True
+                    keep_fd = True  # holding its exclusive lock: this process is its writer
                     return RuntimeCache(files_dir, subdir, key, writer=True, lock_fd=fd, snapshot={})
                 raise SealMismatch("it has no seal (GE stopped mid-write, or an older version wrote it)")
             snapshot, _ = check(fd, parse_seal(raw, key, subdir))
@@ -504,7 +536,7 @@ def _create(files_dir: str, files_fd: int, subdir: str, key: str) -> RuntimeCach
         log.warning("npu_cached: cannot create %s (%s); GE caches into a private temporary directory",
                     os.path.join(files_dir, subdir), exc)
         return None
-    fs.flock(fd, _LOCK_SH)
+    fs.flock(fd, _LOCK_EX)  # nobody else can hold it: it was just made, under the files dir's exclusive lock
     return RuntimeCache(files_dir, subdir, key, writer=True, lock_fd=fd, snapshot={})
 
 
