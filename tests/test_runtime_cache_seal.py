@@ -205,3 +205,24 @@ def test_processes_starting_together_verify_in_parallel(entry):
         assert got and got[0] is not None and not got[0].writer
     finally:
         os.close(other)
+
+
+def test_a_cache_set_aside_is_taken_from_the_fleet_before_ge_rebuilds_it(entry, redis_server):
+    from torchair_cached_backend import layers
+    from torchair_cached_backend.remote import RedisRemote
+
+    url = redis_server.url(db=42)
+    _sealed(entry, b"the fleet's model")
+    (found, _) = rc.collect(entry)
+    assert RedisRemote(url).put_runtime("graphs", KEY, "ge_cache", *found["ge_cache"])  # another node sealed it
+    with open(os.path.join(entry, "ge_cache", "m.om"), "wb") as f:
+        f.write(b"the fleet's modeL")  # this node's copy rots
+    root = os.path.dirname(os.path.dirname(os.path.dirname(entry)))
+    layers.configure(root, remote=url)
+    reset_stats()
+    try:
+        cache = rc.prepare(entry, "ge_cache")
+    finally:
+        layers._BY_ROOT.pop(os.path.abspath(root), None)
+    assert cache is not None and not cache.writer and stats().runtime_caches_set_aside == 1
+    assert open(os.path.join(cache.path, "m.om"), "rb").read() == b"the fleet's model"

@@ -529,6 +529,9 @@ def _rebuild(files_dir: str, files_fd: int, subdir: str, key: str, reason: str) 
 
 
 def _create(files_dir: str, files_fd: int, subdir: str, key: str) -> RuntimeCache | None:
+    fetched = _from_remote(files_dir, files_fd, subdir, key)
+    if fetched is not None:
+        return fetched
     try:
         os.mkdir(subdir, fs.DIR_MODE, dir_fd=files_fd)
         fd = fs.open_dir(subdir, dir_fd=files_fd, root=files_dir)
@@ -538,6 +541,34 @@ def _create(files_dir: str, files_fd: int, subdir: str, key: str) -> RuntimeCach
         return None
     fs.flock(fd, _LOCK_EX)  # nobody else can hold it: it was just made, under the files dir's exclusive lock
     return RuntimeCache(files_dir, subdir, key, writer=True, lock_fd=fd, snapshot={})
+
+
+def _from_remote(files_dir: str, files_fd: int, subdir: str, key: str) -> RuntimeCache | None:
+    """Before GE rebuilds a missing (or set aside) cache: the sealed one another node of the
+    fleet published, verified against its seal twice (fetched, then as installed)."""
+    root, kind, _ = _layout(files_dir)
+    try:
+        from . import layers
+
+        lay = layers.layers_of(root)
+        remote = lay.remote() if lay is not None else None
+        if remote is None:
+            return None
+        found = remote.get_runtime(kind, key, (subdir,))
+        if subdir not in found or not _install_locked(files_dir, files_fd, subdir, *found[subdir]):
+            return None
+        fd = fs.open_dir(subdir, dir_fd=files_fd, root=files_dir)
+        try:
+            raw = _read_seal(files_fd, subdir)
+            snapshot, _ = check(fd, parse_seal(raw or b"", key, subdir))
+        finally:
+            os.close(fd)
+    except Exception as exc:  # noqa: BLE001 - the remote never fails a call: GE builds its own
+        log.debug("npu_cached: the run-time cache %s of %s/%s was not taken from the remote: %r", subdir, kind,
+                  key[:12], exc)
+        return None
+    log.info("npu_cached: the run-time cache %s of %s/%s was fetched from the remote cache", subdir, kind, key[:12])
+    return RuntimeCache(files_dir, subdir, key, writer=False, lock_fd=None, snapshot=snapshot)
 
 
 def _at_exit() -> None:
@@ -611,11 +642,19 @@ def install(files_dir: str, subdir: str, seal_raw: bytes, files: dict[str, bytes
     except (OSError, fs.CacheSecurityError) as exc:
         log.warning("npu_cached: cannot install the run-time cache %s into %s (%s)", subdir, files_dir, exc)
         return False
-    tmp = f".{subdir}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     try:
         fs.flock(files_fd, _LOCK_EX)
-        if _lexists(files_fd, subdir) or _lexists(files_fd, seal_name(subdir)):
-            return False
+        return _install_locked(files_dir, files_fd, subdir, seal_raw, files)
+    finally:
+        os.close(files_fd)
+
+
+def _install_locked(files_dir: str, files_fd: int, subdir: str, seal_raw: bytes, files: dict[str, bytes]) -> bool:
+    """:func:`install` under the files dir's exclusive lock (the caller holds it)."""
+    if _lexists(files_fd, subdir) or _lexists(files_fd, seal_name(subdir)):
+        return False
+    tmp = f".{subdir}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    try:
         os.mkdir(tmp, fs.DIR_MODE, dir_fd=files_fd)
         tfd = fs.open_dir(tmp, dir_fd=files_fd, root=files_dir)
         try:
@@ -625,15 +664,13 @@ def install(files_dir: str, subdir: str, seal_raw: bytes, files: dict[str, bytes
         os.rename(tmp, subdir, src_dir_fd=files_fd, dst_dir_fd=files_fd)
         _write_seal(files_dir_fd=files_fd, subdir=subdir, raw=seal_raw)
         return True
-    except (OSError, fs.CacheSecurityError) as exc:
+    except (OSError, fs.CacheSecurityError, SealMismatch) as exc:
         log.warning("npu_cached: cannot install the run-time cache %s into %s (%s); GE rebuilds it", subdir,
                     files_dir, exc)
         import shutil
 
         shutil.rmtree(os.path.join(files_dir, tmp), ignore_errors=True)
         return False
-    finally:
-        os.close(files_fd)
 
 
 def write_tree(dir_fd: int, files: dict[str, bytes]) -> None:
