@@ -29,7 +29,7 @@ KEY = "k" * 64
 def entry(tmp_path):
     """A published graph entry (no torchair): its files dir."""
     root = str(tmp_path / "cache")
-    path = Store(root, "graphs").save(KEY, {"torchair_graph.py": b"print(1)\n"}, {})
+    path = Store(root, "graphs").save(KEY, {"torchair_graph.py": b"print(1)\n"}, {"compiler": "torchair"})
     assert path is not None
     return os.path.join(path, "files")
 

@@ -118,7 +118,7 @@ def fill(store: Store, key: str) -> Entry | None:
         return None
     manifest, files = got
     entry = _write_local(store, key, files, manifest)
-    if entry is not None and store.kind == "graphs":
+    if entry is not None and store.kind == "graphs" and entry.manifest.get("compiler") == "torchair":
         _fill_runtime(remote, store.kind, _remote_key(layers, store.kind, key), entry.files_dir)
     if entry is not None:
         record(remote_hits=1)
@@ -154,7 +154,8 @@ def _from_base(store: Store, base_dir: str, key: str) -> Entry | None:
     record(base_hits=1)
     fields = {k: v for k, v in entry.manifest.items() if k not in ("key", "kind", "files", "created", "last_used")}
     local = _write_local(store, key, entry.files, fields)
-    if local is not None and store.kind == "graphs":  # the base's sealed GE caches come along, verified
+    if local is not None and store.kind == "graphs" and entry.manifest.get("compiler") == "torchair":
+        # the base's sealed GE caches come along, verified
         from . import runtime_cache
 
         carried, notes = runtime_cache.collect(entry.files_dir)
