@@ -167,6 +167,8 @@ def tampered(built) -> dict:
     os.makedirs(outside)
     caches, evil = {}, {}
     for case in ("clean", *CASES):
+        if case == "foreign" and os.geteuid() != 0:
+            continue  # only root can hand a file to another user
         caches[case] = os.path.join(root, case)
         shutil.copytree(built["cache"], caches[case], symlinks=True)
         if case != "clean":
@@ -186,6 +188,8 @@ def test_warm_process_hands_ge_the_verified_model(built, tampered):
 
 @pytest.mark.parametrize("case", CASES)
 def test_tampered_run_time_cache_is_never_handed_to_ge(case, built, tampered):
+    if case not in tampered["caches"]:
+        pytest.skip("chown to another user needs root")
     cache, evil = tampered["caches"][case], tampered["evil"][case]
     warm = tampered["warm"][cache]
     # the call succeeded from the entry (a hit), the run-time cache was set aside and GE rebuilt it
