@@ -44,7 +44,6 @@ from collections.abc import Callable
 from typing import Any
 
 from . import guard_runtime
-from .guard_codegen import load_check_body
 
 _MISSING = object()
 _DICTS = (dict, collections.OrderedDict)
@@ -168,7 +167,29 @@ def _path(node: ast.AST) -> tuple[Any, ...]:
     elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "type"
           and len(node.args) == 1 and not node.keywords):
         return _path(node.args[0]) + (("type",),)
+    elif (_is_call(node, "dict", 1) and isinstance(node.args[0], ast.Attribute)
+          and node.args[0].attr == "__dict__"):
+        # ``dict(K.__dict__)``: a copy of a class's own dict, read as that dict (same items), where
+        # ``K`` is a class by construction (``type(...)``, an item of an ``__mro__``)
+        owner = _path(node.args[0].value)
+        if owner[-1] == ("type",) or (len(owner) > 1 and owner[-2] == ("attr", "__mro__")
+                                      and owner[-1][0] == "item" and type(owner[-1][1]) is int):
+            return owner + (("typedict",),)
     raise _NotMapped(ast.dump(node)[:40])
+
+
+_parse_memo: dict[str, ast.AST] = {}
+
+
+def _parsed(expr: str) -> ast.AST:
+    """The expression's tree (never modified here), parsed once per process: a program's
+    variants and frames share most of their checks."""
+    node = _parse_memo.get(expr)
+    if node is None:
+        if len(_parse_memo) > 50_000:
+            _parse_memo.clear()
+        node = _parse_memo[expr] = ast.parse(expr, mode="eval").body
+    return node
 
 
 def _const(node: ast.AST, namespace: dict[str, Any]) -> Any:
@@ -198,7 +219,7 @@ class _Mapper:
 
     def map(self, expr: str) -> None:
         """Add the guard ``expr`` to the tree, or raise _NotMapped."""
-        node = ast.parse(expr, mode="eval").body
+        node = _parsed(expr)
         verbose = [expr]
         if isinstance(node, ast.BoolOp) and isinstance(node.op, ast.And):
             if self._tensor(node, verbose) or self._typed_equals(node, verbose):
@@ -252,18 +273,28 @@ class _Mapper:
             return
         negated = isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not)
         inner = node.operand if negated else node
+        if (isinstance(inner, ast.Compare) and len(inner.ops) == 1 and isinstance(inner.ops[0], ast.In)
+                and isinstance(inner.left, ast.Constant) and type(inner.left.value) is str):
+            self._contains(_path(inner.comparators[0]), inner.left.value, not negated, verbose)
+            return
         if _is_call(inner, "___dict_contains", 2) or _is_call(inner, "___dict_has", 2):
             key_node, dict_node = inner.args if inner.func.id == "___dict_contains" else inner.args[::-1]
             key = _const(key_node, self.ns)
             if type(key) is not str:
                 raise _NotMapped("dict key")
-            manager, value = self.tree.node(_path(dict_node))
-            if type(value) is not dict:
-                raise _NotMapped("not a dict")
-            manager.add_type_match_guard(id(dict), verbose, None)
-            manager.add_dict_contains_guard(not negated, key, verbose, None)
+            self._contains(_path(dict_node), key, not negated, verbose)
             return
         raise _NotMapped("kind")
+
+    def _contains(self, path: tuple[Any, ...], key: str, contains: bool, verbose: list[str]) -> None:
+        """``key in P`` / ``dict.__contains__(P, key)`` for an exact dict ``P`` (a str key: no
+        hashing error): TYPE_MATCH(dict) + DICT_CONTAINS, both must hold (DICT_CONTAINS alone
+        says nothing useful of a non-dict)."""
+        manager, value = self.tree.node(path)
+        if type(value) is not dict:
+            raise _NotMapped("not a dict")
+        manager.add_type_match_guard(id(dict), verbose, None)
+        manager.add_dict_contains_guard(contains, key, verbose, None)
 
     def _code(self, path: tuple[Any, ...], digest: str, verbose: list[str]) -> None:
         """``___code_fp(P) == digest``: the fingerprint is a function of the (immutable) code
@@ -429,6 +460,40 @@ class GuardTree:
         self.root, self.keep, self.mapped, self.python = root, keep, mapped, python
 
 
+def _residual(rest: list[tuple[int, str]], namespace: dict[str, Any],
+              code: types.CodeType) -> Callable[[dict[str, Any]], bool]:
+    """The checks left in Python as one function over the frame's locals, in their recorded
+    order, each as written (a resolved-method check through a memoizing
+    :class:`~.guard_runtime.ResolvedSite`, as the generated full check runs it)."""
+    prefix = f"___tcb_t{next(_counter)}_"
+    lines = [f"def {prefix}check(L):"]
+    for n, (_, expr) in enumerate(rest):
+        site = _site_call(expr)
+        if site is not None:
+            name, digest, owner = site
+            namespace[f"{prefix}s{n}"] = guard_runtime.ResolvedSite(name, digest).holds
+            expr = f"{prefix}s{n}({owner})"
+        lines.append(f"    if not ({expr}): return False")
+    lines.append("    return True")
+    exec(compile("\n".join(lines) + "\n", f"<npu_cached guard tree rest {code.co_name}>", "exec"), namespace)  # noqa: S102 - our own checksummed checks
+    return namespace[f"{prefix}check"]
+
+
+def _site_call(expr: str) -> tuple[str, str, str] | None:
+    """(name, digest, owner source) of a ``___fn_digest(___resolved(owner, name)) == digest`` check."""
+    if "___resolved(" not in expr:
+        return None
+    node = _parsed(expr)
+    if not (isinstance(node, ast.Compare) and len(node.ops) == 1 and isinstance(node.ops[0], ast.Eq)
+            and isinstance(node.comparators[0], ast.Constant) and type(node.comparators[0].value) is str
+            and _is_call(node.left, "___fn_digest", 1) and _is_call(node.left.args[0], "___resolved", 2)):
+        return None
+    owner, name = node.left.args[0].args
+    if not (isinstance(name, ast.Constant) and type(name.value) is str):
+        return None
+    return name.value, node.comparators[0].value, ast.unparse(owner)
+
+
 def build_tree(checks: Any, code: types.CodeType, local: dict[str, Any],
                frees: tuple[tuple[str, Any], ...], hooks: tuple[Any, Any]) -> GuardTree | None:
     """A RootGuardManager that accepts exactly when the entry's Python guard does (see the
@@ -468,12 +533,7 @@ def _build(api: Any, checks: Any, code: types.CodeType, local: dict[str, Any],
         except (_NotMapped, SyntaxError, KeyError, LookupError, AttributeError, TypeError, ValueError):
             rest.append((index, expr))
     if rest:
-        prefix = f"___tcb_t{next(_counter)}_"
-        sites: list[str] = []
-        body, _ = load_check_body(rest, fail="False", sites=sites, params=frozenset({"L"}), prefix=prefix)
-        source = "".join(s + "\n" for s in sites) + f"def {prefix}check(L):\n" + "\n".join(body + ["    return True"])
-        exec(compile(source, f"<npu_cached guard tree rest {code.co_name}>", "exec"), namespace)  # noqa: S102 - generated from our own checksummed checks
-        residual: Callable[[dict[str, Any]], bool] = namespace[f"{prefix}check"]
+        residual = _residual(rest, namespace, code)
 
         def rest_check(L: dict[str, Any]) -> bool:
             try:
@@ -486,4 +546,5 @@ def _build(api: Any, checks: Any, code: types.CodeType, local: dict[str, Any],
                                    None)
     if not tree.root.check(local):  # the call these values came from must pass
         return None
+    tree.keep.append(("tcb_counts", mapped, len(rest)))  # (read by benchmarks/per_call.py)
     return GuardTree(tree.root, tree.keep, mapped, len(rest))
