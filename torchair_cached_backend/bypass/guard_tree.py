@@ -84,7 +84,7 @@ class _Tree:
         self.nodes: dict[tuple[Any, ...], tuple[Any, Any]] = {}
         self.keep: list[Any] = []  # what ID_MATCH compares with: alive while the tree is
         self.private: dict[str, Any] = {}
-        self.ids: set[tuple[int, int]] = set()
+        self.ids: set[tuple[Any, ...]] = set()
 
     def pin(self, obj: Any) -> tuple[Any, ...]:
         """The path of a fixed object (held in a private dict the tree reads as its globals)."""
@@ -240,8 +240,7 @@ class _Mapper:
                 value = _const(right, self.ns)
                 if _is_call(left, "type", 1) and isinstance(value, type):
                     manager, _ = self.tree.node(_path(left.args[0]))
-                    self.tree.keep.append(value)
-                    manager.add_type_match_guard(id(value), verbose, None)
+                    self._type(manager, value, verbose)
                     return
                 manager, _ = self.tree.node(_path(left))
                 self._id(manager, value, verbose)
@@ -254,8 +253,7 @@ class _Mapper:
                 kind = type(value)
                 if kind not in _DICTS:  # LENGTH_CHECK is PySequence_Length (and errs on a mapping)
                     raise _NotMapped("len of a non-dict")
-                self.tree.keep.append(kind)
-                manager.add_type_match_guard(id(kind), verbose, None)
+                self._type(manager, kind, verbose)
                 manager.add_dict_length_check_guard(n, verbose, None)  # PyDict_Size: len() of these types
                 return
             raise _NotMapped("compare")
@@ -293,7 +291,7 @@ class _Mapper:
         manager, value = self.tree.node(path)
         if type(value) is not dict:
             raise _NotMapped("not a dict")
-        manager.add_type_match_guard(id(dict), verbose, None)
+        self._type(manager, dict, verbose)
         manager.add_dict_contains_guard(contains, key, verbose, None)
 
     def _code(self, path: tuple[Any, ...], digest: str, verbose: list[str]) -> None:
@@ -353,6 +351,14 @@ class _Mapper:
             for cell, content in zip(cells, contents, strict=True):
                 self._id(tree.node(tree.pin(cell) + (("attr", "cell_contents"),))[0], content, verbose)
 
+    def _type(self, manager: Any, cls: type, verbose: list[str]) -> None:
+        key = (id(manager), "type", id(cls))
+        if key in self.tree.ids:
+            return
+        self.tree.ids.add(key)
+        self.tree.keep.append(cls)
+        manager.add_type_match_guard(id(cls), verbose, None)
+
     def _id(self, manager: Any, value: Any, verbose: list[str]) -> None:
         key = (id(manager), id(value))
         if key in self.tree.ids:
@@ -364,7 +370,7 @@ class _Mapper:
     def _equals(self, path: tuple[Any, ...], value: Any, verbose: list[str]) -> None:
         manager, _ = self.tree.node(path)
         self.tree.keep.append(value)
-        manager.add_type_match_guard(id(type(value)), verbose, None)
+        self._type(manager, type(value), verbose)
         manager.add_equals_match_guard(value, verbose, None)
 
     def _typed_equals(self, node: ast.BoolOp, verbose: list[str]) -> bool:
