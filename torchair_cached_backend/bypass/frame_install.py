@@ -19,7 +19,9 @@ The guard of an entry is, per ``guards=`` (on this route ``"call"`` unless the u
 names it, since Dynamo re-checks its guards on every call): ``"load"`` - the frame's load-time
 checks evaluated once at install for this receiver, then per call the receiver's
 identity (a weak reference) and the per-call checks; ``"call"`` - every recorded
-check on every call (any receiver); ``"none"`` - no recorded check (torchair's
+check on every call (any receiver), evaluated as Dynamo evaluates its own guards: a C++
+guard tree (``guard_tree``) with the kinds it has no exact counterpart for in one Python
+lambda guard (the whole check in Python where the tree cannot be built); ``"none"`` - no recorded check (torchair's
 behaviour). Always: the function's free variables by identity (the entry is the code
 object's, and one decorator's wrapper code serves every method it decorates), and
 global module hooks fail the guard (the cached graphs inlined submodules without them). Entries belong to the backend (options) that installed them, so a

@@ -552,5 +552,6 @@ def _build(api: Any, checks: Any, code: types.CodeType, local: dict[str, Any],
                                    None)
     if not tree.root.check(local):  # the call these values came from must pass
         return None
+    tree.keep += [tree.private, tree.scope, namespace]  # what the tree reads as globals, and the constants
     tree.keep.append(("tcb_counts", mapped, len(rest)))  # (read by benchmarks/per_call.py)
     return GuardTree(tree.root, tree.keep, mapped, len(rest))
