@@ -20,6 +20,16 @@ from torchair_cached_backend.bypass.guard_runtime import HELPERS
 from torchair_cached_backend.bypass.guard_tree import build_tree
 
 
+@pytest.fixture(params=[True, False], ids=["fast-forms", "parsed"])
+def forms(request, monkeypatch):
+    """Each unit case with the commonest forms read by regex and with every check parsed."""
+    from torchair_cached_backend.bypass import guard_tree
+
+    monkeypatch.setattr(guard_tree, "FAST_FORMS", request.param)
+    guard_tree._parse_memo.clear()
+    return request.param
+
+
 def _frame(self, x, *args, **kwargs):  # the frame whose locals the checks read
     return x
 
@@ -116,6 +126,7 @@ def _local(**extra):
 
 
 # --------------------------------------------------------------------------- kinds mapped to C++
+@pytest.mark.usefixtures("forms")
 def test_identity_type_and_typed_equality_agree():
     local = _local()
     m = local["self"]
@@ -129,6 +140,7 @@ def test_identity_type_and_typed_equality_agree():
         _setter(m, "dtype", "float32")])
 
 
+@pytest.mark.usefixtures("forms")
 def test_hook_dict_lengths_hasattr_and_instance_dict_entries_agree():
     local = _local()
     m = local["self"]
@@ -162,6 +174,7 @@ def test_hook_dict_lengths_hasattr_and_instance_dict_entries_agree():
                               (drop_extra, put_extra)])
 
 
+@pytest.mark.usefixtures("forms")
 def test_static_tensor_checks_agree():
     local = _local()
     m = local["self"]
@@ -224,6 +237,7 @@ def _classes():
     return Base, Child, Other
 
 
+@pytest.mark.usefixtures("forms")
 def test_resolved_methods_agree():
     """What ``obj.name`` resolves to, by code and bound values: every reassignment the
     memoized Python site re-validates is rejected by the tree as well."""
@@ -283,6 +297,7 @@ def test_resolved_methods_agree():
     assert _python(tree_checks, {"self": None}) and not tree.root.check({"self": None})
 
 
+@pytest.mark.usefixtures("forms")
 def test_code_identity_agrees():
     local = _local()
     m = local["self"]
@@ -291,6 +306,7 @@ def test_code_identity_agrees():
         _setter(m, "act", _other), _setter(_act, "__code__", _other.__code__)])
 
 
+@pytest.mark.usefixtures("forms")
 def test_global_module_hooks_and_globals_agree():
     hooks = (collections.OrderedDict(), collections.OrderedDict())
     scope = {"FLAG": True, "mod": types.SimpleNamespace(k=3)}
@@ -307,6 +323,7 @@ def test_global_module_hooks_and_globals_agree():
 
 
 # --------------------------------------------------------------------------- kinds left in Python
+@pytest.mark.usefixtures("forms")
 def test_kinds_without_an_exact_cpp_counterpart_stay_python_and_agree():
     local = _local()
     m = local["self"]
@@ -335,6 +352,7 @@ def test_kinds_without_an_exact_cpp_counterpart_stay_python_and_agree():
     assert tree.mapped == 0
 
 
+@pytest.mark.usefixtures("forms")
 def test_a_guard_kind_unknown_here_is_checked_by_python():
     """A kind another part of the package may add later is evaluated as written."""
     local = _local()
@@ -348,6 +366,7 @@ def test_a_guard_kind_unknown_here_is_checked_by_python():
     assert not _python(checks, local) and not tree.root.check(local)
 
 
+@pytest.mark.usefixtures("forms")
 def test_no_tree_for_a_state_the_checks_reject():
     local = _local()
     local["self"].flag = False
@@ -397,13 +416,14 @@ model, ids = build()
 kw = {"input_ids": ids, "use_cache": False}
 managers = {}
 with torch.no_grad():
-    for tree in (False, True):
-        frame_install.USE_GUARD_TREE = tree
+    from torchair_cached_backend.bypass import guard_tree
+    for tree, fast in ((False, True), (True, True), (True, False)):
+        frame_install.USE_GUARD_TREE, guard_tree.FAST_FORMS = tree, fast
         compiled(model)(**kw)
-        managers[tree], local = entry(model, kw)
+        managers[(tree, fast)], local = entry(model, kw)
         torch._dynamo.reset()
-    old, new = managers[False], managers[True]
-    out = {"frames": counters["frames"]["total"], "tree": hasattr(new, "_tcb_keep"),
+    old, new, parsed = managers[(False, True)], managers[(True, True)], managers[(True, False)]
+    out = {"frames": counters["frames"]["total"], "tree": hasattr(new, "_tcb_keep") and hasattr(parsed, "_tcb_keep"),
            "old_lambda": not hasattr(old, "_tcb_keep"), "changes": {}}
     layer = model.model.layers[1]
 
@@ -447,14 +467,15 @@ with torch.no_grad():
         "input dtype": kwarg(ids.to(torch.int32)),
         "grad mode": ((lambda: torch.set_grad_enabled(True)), (lambda: torch.set_grad_enabled(False))),
     }
-    out["unchanged"] = [old.root.check(local), new.root.check(local)]
+    checks = (old.root.check, new.root.check, parsed.root.check)
+    out["unchanged"] = [c(local) for c in checks]
     for name, (mutate, restore) in changes.items():
         mutate()
         try:
-            out["changes"][name] = [old.root.check(local), new.root.check(local)]
+            out["changes"][name] = [c(local) for c in checks]
         finally:
             restore()
-        out["changes"][name] += [old.root.check(local), new.root.check(local)]
+        out["changes"][name] += [c(local) for c in checks]
 emit(out)
 '''
 
@@ -476,7 +497,7 @@ def test_llama_tree_and_python_guard_agree_on_every_change(llama_cache):
     out = run_python(head + WARM, env=env, timeout=600)
     assert out["frames"] == 0, "a warm frame was traced"
     assert out["tree"] and out["old_lambda"], "the entries are not a tree and the Python guard"
-    assert out["unchanged"] == [True, True]
-    for name, (old, new, old_back, new_back) in out["changes"].items():
-        assert (old, new) == (False, False), f"{name}: Python {old}, tree {new}"
-        assert (old_back, new_back) == (True, True), f"{name}: not accepted once restored"
+    assert out["unchanged"] == [True, True, True]
+    for name, results in out["changes"].items():
+        assert results[:3] == [False, False, False], f"{name}: Python, tree, tree of parsed checks: {results[:3]}"
+        assert results[3:] == [True, True, True], f"{name}: not accepted once restored: {results[3:]}"

@@ -39,6 +39,7 @@ from __future__ import annotations
 import ast
 import collections
 import itertools
+import re
 import types
 from collections.abc import Callable
 from typing import Any
@@ -178,6 +179,33 @@ def _path(node: ast.AST) -> tuple[Any, ...]:
     raise _NotMapped(ast.dump(node)[:40])
 
 
+#: False: every check parsed (tests compare the two)
+FAST_FORMS = True
+_KEY = r"'[^'\\\n]*'"
+_PATH = rf"(?:L|___G)\[{_KEY}\](?:\.[A-Za-z_][A-Za-z0-9_]*|\[{_KEY}\]|\[[0-9]+\])*"
+_CONST = r"___c[0-9]+"
+_FAST_RE = re.compile("|".join(f"(?P<{kind}>{form})" for kind, form in zip(("id", "type", "has", "len", "dh", "site"), (
+    rf"\((?P<id_p>{_PATH}) is (?P<id_v>{_CONST}|None|True|False)\)",
+    rf"\(type\((?P<type_p>{_PATH})\) is (?P<type_v>{_CONST})\)",
+    rf"\(hasattr\((?P<has_p>{_PATH}), '(?P<has_a>[A-Za-z_][A-Za-z0-9_]*)'\)\)",
+    rf"\(len\((?P<len_p>{_PATH})\) == (?P<len_n>[0-9]+)\)",
+    rf"\((?P<dh_not>not )?___dict_has\((?P<dh_p>{_PATH}), '(?P<dh_k>[^'\\\n]*)'\)\)",
+    rf"\(___fn_digest\(___resolved\((?P<site_p>{_CONST}), '(?P<site_n>[A-Za-z_][A-Za-z0-9_]*)'\)\) == "
+    rf"'(?P<site_d>[0-9a-f:]+)'\)",
+), strict=True)))
+_ROOT_RE = re.compile(rf"(L|___G)\[({_KEY})\]")
+_STEP_RE = re.compile(rf"\.([A-Za-z_][A-Za-z0-9_]*)|\[({_KEY})\]|\[([0-9]+)\]")
+
+
+def _fast_path(text: str) -> tuple[Any, ...]:
+    """The steps of a path the fast forms matched (the same steps :func:`_path` reads off its parse)."""
+    m = _ROOT_RE.match(text)
+    root: tuple[Any, ...] = (("local" if m.group(1) == "L" else "global", m.group(2)[1:-1]),)  # type: ignore[union-attr]
+    steps = [("attr", a) if a else ("item", k[1:-1]) if k else ("item", int(n))
+             for a, k, n in _STEP_RE.findall(text, m.end())]  # type: ignore[union-attr]
+    return root + tuple(steps)
+
+
 _parse_memo: dict[str, ast.AST] = {}
 
 
@@ -219,8 +247,10 @@ class _Mapper:
 
     def map(self, expr: str) -> None:
         """Add the guard ``expr`` to the tree, or raise _NotMapped."""
-        node = _parsed(expr)
         verbose = [expr]
+        if FAST_FORMS and self._fast(expr, verbose):
+            return
+        node = _parsed(expr)
         if isinstance(node, ast.BoolOp) and isinstance(node.op, ast.And):
             if self._tensor(node, verbose) or self._typed_equals(node, verbose):
                 return
@@ -293,6 +323,43 @@ class _Mapper:
             raise _NotMapped("not a dict")
         self._type(manager, dict, verbose)
         manager.add_dict_contains_guard(contains, key, verbose, None)
+
+    def _fast(self, expr: str, verbose: list[str]) -> bool:
+        """The commonest forms read without a parse (most of a start's build time): each regex
+        admits only text whose parse is the form :meth:`map` maps the same way (a path of
+        ``L['k']`` / ``___G['k']``, ``.name``, ``['k']``, ``[n]`` with keys free of quotes and
+        backslashes); anything else, False (then parsed)."""
+        m = _FAST_RE.fullmatch(expr)
+        if m is None:
+            return False
+        kind = m.lastgroup
+        if kind == "site":
+            self._resolved(self.ns[m.group("site_p")], m.group("site_n"), m.group("site_d"))
+            return True
+        path = _fast_path(m.group(kind + "_p"))
+        if kind == "id":
+            token = m.group("id_v")
+            value = {"None": None, "True": True, "False": False}[token] if token in ("None", "True", "False") \
+                else self.ns[token]
+            self._id(self.tree.node(path)[0], value, verbose)
+        elif kind == "type":
+            value = self.ns[m.group("type_v")]
+            if not isinstance(value, type):
+                return False
+            self._type(self.tree.node(path)[0], value, verbose)
+        elif kind == "has":
+            self.tree.node(path + (("attr", m.group("has_a")),))
+        elif kind == "len":
+            manager, value = self.tree.node(path)
+            if type(value) not in _DICTS:
+                raise _NotMapped("len of a non-dict")
+            self._type(manager, type(value), verbose)
+            manager.add_dict_length_check_guard(int(m.group("len_n")), verbose, None)
+        elif kind == "dh":
+            self._contains(path, m.group("dh_k"), m.group("dh_not") is None, verbose)
+        else:
+            return False
+        return True
 
     def _code(self, path: tuple[Any, ...], digest: str, verbose: list[str]) -> None:
         """``___code_fp(P) == digest``: the fingerprint is a function of the (immutable) code
