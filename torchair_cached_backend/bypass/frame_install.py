@@ -19,7 +19,9 @@ The guard of an entry is, per ``guards=`` (on this route ``"call"`` unless the u
 names it, since Dynamo re-checks its guards on every call): ``"load"`` - the frame's load-time
 checks evaluated once at install for this receiver, then per call the receiver's
 identity (a weak reference) and the per-call checks; ``"call"`` - every recorded
-check on every call (any receiver); ``"none"`` - no recorded check (torchair's
+check on every call (any receiver), evaluated as Dynamo evaluates its own guards: a C++
+guard tree (``guard_tree``) with the kinds it has no exact counterpart for in one Python
+lambda guard (the whole check in Python where the tree cannot be built); ``"none"`` - no recorded check (torchair's
 behaviour). Always: the function's free variables by identity (the entry is the code
 object's, and one decorator's wrapper code serves every method it decorates), and
 global module hooks fail the guard (the cached graphs inlined submodules without them). Entries belong to the backend (options) that installed them, so a
@@ -191,11 +193,16 @@ class ReplayingCallback(convert_frame.CatchErrorsWrapper):
             guard = _guard(variant.check, code, func, receiver, options, no_checks)
             if guard is None:
                 continue
+            tree = _tree(variant, code, func, local, options, no_checks)
             if variant.used is not None:  # this process replays it: its merges never evict it
                 variant.note_used()
-            manager = GuardManagerWrapper()
+            if tree is not None:  # every check on every call, evaluated as Dynamo evaluates its own
+                manager = GuardManagerWrapper(tree.root)
+                manager._tcb_keep = tree.keep  # type: ignore[attr-defined]  # alive with the entry
+            else:
+                manager = GuardManagerWrapper()
+                manager.root.add_lambda_guard(guard, [f"npu_cached: the cached program's checks of {code.co_qualname} (guards={options.guards!r})"], None)
             manager.global_scope, manager.closure_vars = {"G": frame.f_globals}, {}  # read by Dynamo's recompile log
-            manager.root.add_lambda_guard(guard, [f"npu_cached: the cached program's checks of {code.co_qualname} (guards={options.guards!r})"], None)
             orig_code_map[installed] = code  # as Dynamo records its own output code (recompile reasons)
             convert_frame.output_codes.add(installed)
             self._tcb_compiles += 1
@@ -338,6 +345,29 @@ def _guard(check: Callable[..., bool], code: types.CodeType, func: types.Functio
         return no_checks or _holds(check, code, L)
 
     return guard
+
+
+#: False: the backend route keeps the Python guard for ``guards="call"`` (tests compare the two)
+USE_GUARD_TREE = True
+
+
+def _tree(variant: Any, code: types.CodeType, func: types.FunctionType, local: dict[str, Any], options: Any,
+          no_checks: bool) -> Any:
+    """The entry's guard as a C++ guard tree (``guard_tree``) for ``guards="call"``: the same
+    checks as :func:`_guard`'s, each evaluated as Dynamo evaluates its own; None (the Python
+    guard) for other modes, a check wrapped for a receiver-less frame, or what cannot be built."""
+    checks = getattr(variant, "checks", None)
+    if (not USE_GUARD_TREE or no_checks or options.guards != "call" or checks is None
+            or variant.check is not checks.full):
+        return None
+    from .guard_tree import build_tree
+
+    try:
+        frees = tuple(zip(code.co_freevars, [c.cell_contents for c in func.__closure__ or ()], strict=True))
+    except ValueError:
+        return None
+    hooks = (nn_module._global_forward_pre_hooks, nn_module._global_forward_hooks)
+    return build_tree(checks, code, local, frees, hooks)
 
 
 def _same_frame_layout(installed: types.CodeType, code: types.CodeType) -> bool:
