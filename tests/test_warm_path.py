@@ -404,7 +404,7 @@ def test_warm_load_imports_only_the_warm_path_modules(llama_warm):
     assert not set(COLD_SIDE_MODULES) & set(out["imported"]), out["imported"]
 
 
-#: what the backend route adds to a load's modules: the hook, the frame-cache install (and its C++
+#: what the backend route adds to a load's modules: the hook, the frame-cache install (and, with TCB_GUARD_TREE=1, its C++
 #: guard tree for guards="call"), mode mapping
 ROUTE_MODULES = frozenset("torchair_cached_backend.bypass." + m for m in ("capture_hook", "frame_install",
                                                                           "debug_wrapper", "guard_tree")) | {

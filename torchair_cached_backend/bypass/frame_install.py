@@ -19,9 +19,9 @@ The guard of an entry is, per ``guards=`` (on this route ``"call"`` unless the u
 names it, since Dynamo re-checks its guards on every call): ``"load"`` - the frame's load-time
 checks evaluated once at install for this receiver, then per call the receiver's
 identity (a weak reference) and the per-call checks; ``"call"`` - every recorded
-check on every call (any receiver), evaluated as Dynamo evaluates its own guards: a C++
-guard tree (``guard_tree``) with the kinds it has no exact counterpart for in one Python
-lambda guard (the whole check in Python where the tree cannot be built); ``"none"`` - no recorded check (torchair's
+check on every call (any receiver); with ``TCB_GUARD_TREE=1`` evaluated as Dynamo evaluates
+its own guards: a C++ guard tree (``guard_tree``) with the kinds it has no exact counterpart for in
+one Python lambda guard (the whole check in Python where the tree cannot be built); ``"none"`` - no recorded check (torchair's
 behaviour). Always: the function's free variables by identity (the entry is the code
 object's, and one decorator's wrapper code serves every method it decorates), and
 global module hooks fail the guard (the cached graphs inlined submodules without them). Entries belong to the backend (options) that installed them, so a
@@ -347,8 +347,10 @@ def _guard(check: Callable[..., bool], code: types.CodeType, func: types.Functio
     return guard
 
 
-#: False: the backend route keeps the Python guard for ``guards="call"`` (tests compare the two)
-USE_GUARD_TREE = True
+#: ``TCB_GUARD_TREE=1``: ``guards="call"`` as a C++ guard tree. Opt-in: building the tree costs
+#: ~35-50 ms per frame at the first warm call (the tiny Llama's first call 17 -> 65 ms) and saves
+#: ~15-35 us per call, so it pays only in a long-running process (tests set it directly)
+USE_GUARD_TREE = os.environ.get("TCB_GUARD_TREE", "") == "1"
 
 
 def _tree(variant: Any, code: types.CodeType, func: types.FunctionType, local: dict[str, Any], options: Any,
