@@ -446,9 +446,7 @@ def _verify_shared(files_dir: str, files_fd: int, subdir: str, key: str) -> Runt
     except (OSError, fs.CacheSecurityError):
         return _UNDECIDED
     try:
-        if not fs.flock(fd, _LOCK_SH | _LOCK_NB):  # a writer holds it exclusively until it seals
-            log.info("npu_cached: the run-time cache %s is being written by another process; GE caches into a "
-                     "private temporary directory", os.path.join(files_dir, subdir))
+        if not _locked(fd, _LOCK_SH, files_dir, subdir):  # a writer holds it exclusively until it seals
             return None
         try:
             raw = _read_seal(files_fd, subdir)
@@ -460,6 +458,16 @@ def _verify_shared(files_dir: str, files_fd: int, subdir: str, key: str) -> Runt
         return RuntimeCache(files_dir, subdir, key, writer=False, lock_fd=None, snapshot=snapshot)
     finally:
         os.close(fd)
+
+
+def _locked(fd: int, mode: int, files_dir: str, subdir: str) -> bool:
+    """Take ``mode`` on the cache directory without waiting; False (logged) while another
+    process writes it: GE then caches into a private temporary directory."""
+    if fs.flock(fd, mode | _LOCK_NB):
+        return True
+    log.info("npu_cached: the run-time cache %s is being written by another process; GE caches into a "
+             "private temporary directory", os.path.join(files_dir, subdir))
+    return False
 
 
 def _drop_leftovers(files_fd: int, subdir: str) -> None:
@@ -492,9 +500,7 @@ def _prepare_locked(files_dir: str, files_fd: int, subdir: str, key: str) -> Run
         return _create(files_dir, files_fd, subdir, key)
     keep_fd = False
     try:
-        if not fs.flock(fd, _LOCK_EX | _LOCK_NB):
-            log.info("npu_cached: the run-time cache %s is being written by another process; GE caches into a "
-                     "private temporary directory", os.path.join(files_dir, subdir))
+        if not _locked(fd, _LOCK_EX, files_dir, subdir):
             return None
         try:
             raw = _read_seal(files_fd, subdir)
