@@ -1,0 +1,116 @@
+"""The fourth review's stale replays: a warm start that served a cached Inductor graph where
+Dynamo would have re-traced (or run eagerly). One cold process caches the model; each warm
+process changes one thing and must match eager (and a fresh ``torch.compile``):
+
+* ``silu`` / ``relu``: a torch function replaced at its import path (``F.silu = ...``,
+  ``torch.relu = ...``). Dynamo guards the function by identity; we found it again by its
+  path, i.e. found the replacement, and replayed kernels computing the original.
+* ``mode``: a ``TorchDispatchMode`` active around the call. Dynamo does not compile under one
+  (the call runs eagerly, through the mode); the replayed kernels bypassed the mode.
+
+With the ``eager`` inner compiler the graph calls the live function (through the mode), so the
+answers were right by accident: these need compiled kernels.
+"""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+CHILD = textwrap.dedent(
+    """
+    import os
+    import torch
+    import torch.nn.functional as F
+    from torch.utils._python_dispatch import TorchDispatchMode
+    import torchair_cached_backend as tcb
+    from torchair_cached_backend.bypass.loader import CacheMiss
+    from child_helpers import LOGS, frames, stats
+
+    class Doubler(TorchDispatchMode):
+        # a user mode that changes what sin computes (as a quantization simulator would)
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            return out * 2 if func is torch.ops.aten.sin.default else out
+
+    class Act(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.lin = torch.nn.Linear(8, 8)
+
+        def forward(self, x):
+            return torch.sin(F.silu(torch.relu(self.lin(x)) - 0.1))
+
+    def tripled(t):
+        return t * 3.0
+
+    def absolute(t):
+        return t.abs()
+
+    ROOT = os.environ["ROOT"]
+    m = Act().eval()
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(1))
+    out = {}
+    with torch.no_grad():
+        if os.environ["PHASE"] == "cold":
+            f = torch.compile(m, backend="npu_cached", options={"cache_dir": ROOT, "compiler": "inductor"})
+            emit({"ok": bool(torch.allclose(f(x), m(x), atol=1e-5)), "stats": stats()})
+            raise SystemExit
+        silu, relu = F.silu, torch.relu
+        for change in ("none", "silu", "relu", "mode"):
+            tcb.reset_stats()
+            f0, l0 = frames(), len(LOGS)
+            F.silu, torch.relu = (tripled if change == "silu" else silu), (absolute if change == "relu" else relu)
+            entry = out[change] = {"miss": None}
+            try:  # a miss is reported, not compiled (each change loads the cache as the cold process left it)
+                f = tcb.load(m, ROOT, compiler="inductor", fallback=False)
+            except CacheMiss as miss:
+                entry["miss"] = str(miss)
+            else:
+                if change == "mode":
+                    with Doubler():
+                        got, want = f(x), m(x)
+                else:
+                    got, want = f(x), m(x)
+                entry["ok"] = bool(torch.allclose(got, want, atol=1e-5))
+            entry.update(frames=frames() - f0, stats=stats(), logs=LOGS[l0:])
+    emit(out)
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def warm(tmp_path_factory):
+    from subprocess_helpers import run_python
+
+    root = tmp_path_factory.mktemp("round4_stale")
+    env = {"ROOT": str(root / "cache"), "TORCHINDUCTOR_CACHE_DIR": str(root / "inductor")}
+    cold = run_python(CHILD, env=dict(env, PHASE="cold"))
+    assert cold["ok"] and cold["stats"]["misses"] == 1, cold
+    return run_python(CHILD, env=dict(env, PHASE="warm", TORCHINDUCTOR_CACHE_DIR=str(root / "inductor_warm")))
+
+
+@pytest.mark.slow
+def test_unchanged_it_replays(warm):
+    entry = warm["none"]
+    assert entry["miss"] is None and entry["ok"], entry
+    assert entry["frames"] == 0 and entry["stats"]["bypass_loads"] == 1 and entry["stats"]["fallbacks"] == 0, entry
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("change", ["silu", "relu"])
+def test_a_torch_function_replaced_at_its_path_is_not_the_cached_one(warm, change):
+    entry = warm[change]
+    assert entry.get("ok") is not False, f"the replay computed the original {change}: {entry}"
+    assert entry["miss"] and "not a replacement" in entry["miss"], entry
+
+
+@pytest.mark.slow
+def test_a_torch_dispatch_mode_runs_the_call_eagerly_as_torch_compile_does(warm):
+    entry = warm["mode"]
+    assert entry["miss"] is None and entry["ok"], f"the replayed kernels bypassed the dispatch mode: {entry}"
+    assert entry["stats"]["fallback_reasons"] == {"no cached variant matches the call": 1}, entry
+    assert any("dispatch mode" in line for line in entry["logs"]), entry["logs"]
+    assert entry["frames"] == 0, "Dynamo does not compile under a dispatch mode: the call ran eagerly"

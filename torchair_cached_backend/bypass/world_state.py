@@ -1,0 +1,79 @@
+"""State a replayed frame depends on that no guard of Dynamo's names portably.
+
+* ``origin``: what an object reached by its import path is. Dynamo guards a library
+  function (``torch.nn.functional.silu``, ``torch.relu``) by its id; we find it again by
+  its path, which also finds a replacement assigned there (a monkeypatch) - so the
+  object's own type, name and code location are compared too.
+* ``user_dispatch_mode``: a ``TorchDispatchMode`` is active. Dynamo does not compile
+  under one (the frame runs eagerly, through the mode); a compiled graph (Inductor's
+  kernels) would bypass it.
+* ``process_group_state``: a process group the frame read (``dist.get_rank(group)``,
+  ``group.size()``); Dynamo bakes its rank and size into the graph and guards only its type.
+"""
+
+from __future__ import annotations
+
+import os
+import types
+from typing import Any
+
+import torch
+
+_ORIGINS: dict[int, tuple[Any, tuple[Any, ...]]] = {}
+
+
+def origin(obj: Any) -> tuple[Any, ...]:
+    """(type, ``__module__``, ``__qualname__``, where its code is defined) of ``obj``,
+    memoized per object (checked on every call under ``guards="call"``)."""
+    hit = _ORIGINS.get(id(obj))
+    if hit is not None and hit[0] is obj:
+        return hit[1]
+    code = getattr(obj, "__code__", None)
+    where = None
+    if isinstance(code, types.CodeType):
+        where = (code.co_qualname, os.path.basename(code.co_filename), code.co_firstlineno)
+    module, name = getattr(obj, "__module__", None), getattr(obj, "__qualname__", getattr(obj, "__name__", None))
+    t = type(obj)
+    found = (f"{t.__module__}.{t.__qualname__}", module if isinstance(module, str) else None,
+             name if isinstance(name, str) else None, where)
+    _ORIGINS[id(obj)] = (obj, found)
+    return found
+
+
+def user_dispatch_mode() -> bool:
+    """Whether a TorchDispatchMode Dynamo would not compile under is active (its own test:
+    infra modes and modes that ignore compile internals do not count)."""
+    if not torch._C._len_torch_dispatch_stack():
+        return False
+    from torch.utils._python_dispatch import any_torch_dispatch_mode_on_stack
+
+    return bool(any_torch_dispatch_mode_on_stack())
+
+
+def is_process_group(value: Any) -> bool:
+    dist = torch.distributed
+    return dist.is_available() and isinstance(value, dist.ProcessGroup)
+
+
+def process_group_state(group: Any) -> tuple[Any, ...]:
+    """What Dynamo folds in of a process group: its rank and size, plus the global ranks it
+    spans, its backend, name and description (a functional collective names the group)."""
+    if not is_process_group(group):
+        return ("not a process group", type(group).__qualname__)
+    dist = torch.distributed
+    try:
+        ranks = tuple(dist.get_process_group_ranks(group))
+    except Exception:  # not registered in this process's world
+        ranks = None
+    try:
+        backend = group._get_backend_name()
+    except Exception:
+        backend = None
+    return (group.rank(), group.size(), ranks, backend, group.group_name, group.group_desc)
+
+
+HELPERS: dict[str, Any] = {
+    "___origin": origin,
+    "___user_dispatch_mode": user_dispatch_mode,
+    "___pg_state": process_group_state,
+}
