@@ -61,3 +61,81 @@ def test_a_process_subgroup_replays_and_another_layout_is_rebuilt(run, tmp_path)
     assert wider["ok"], f"the TP-size-2 variant served a TP-size-4 process: {wider['logs']}"
     assert wider["stats"]["fallback_reasons"] == {"guards failed at load": 1}, wider["stats"]
     assert any("process group self.tp_group" in line for line in wider["logs"]), wider["logs"]
+
+
+INSTANCE = textwrap.dedent(
+    """
+    import functools, os, types
+    import torch
+    import torchair_cached_backend as tcb
+    from child_helpers import LOGS, frames, stats
+
+    class Adapted(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.lin = torch.nn.Linear(8, 8)
+
+        def forward(self, x):  # the class's own forward: not what the instance runs
+            return self.lin(x)
+
+        def scaled(self, x, k):
+            return self.lin(x) * k
+
+    def adapted_forward(self, x):
+        return self.scaled(x, 3.0).relu()
+
+    class Bare(torch.nn.Module):  # no forward of its own
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.lin = torch.nn.Linear(8, 8)
+
+        def body(self, x, k):
+            return self.lin(x) * k
+
+    def build(kind):
+        if kind == "method":
+            m = Adapted().eval()
+            m.forward = types.MethodType(adapted_forward, m)
+        else:
+            m = Bare().eval()
+            m.forward = functools.partial(m.body, k=2.0)
+        hooked = []
+        m.register_forward_hook(lambda mod, args, out: hooked.append(1))
+        return m, hooked
+
+    root, cold = os.environ["ROOT"], os.environ["PHASE"] == "cold"
+    x = torch.randn(4, 8)
+    out = {}
+    with torch.no_grad():
+        for kind in ("method", "partial"):
+            tcb.reset_stats()
+            f0 = frames()
+            m, hooked = build(kind)
+            want = m(x)
+            d = os.path.join(root, kind)
+            if cold:
+                f = torch.compile(m, backend="npu_cached", options={"cache_dir": d, "compiler": "eager"})
+            else:
+                f = tcb.load(m, d, compiler="eager")
+            hooked.clear()
+            ok = bool(torch.allclose(f(x), want)) and bool(torch.allclose(f(x), want))
+            out[kind] = {"ok": ok, "hooks": len(hooked), "frames": frames() - f0, "stats": stats()}
+    emit(out)
+    """
+)
+
+
+def test_a_forward_set_on_the_instance_is_what_load_replays(run, tmp_path):
+    env = {"ROOT": str(tmp_path)}
+    cold = run(INSTANCE, env=dict(env, PHASE="cold"))
+    assert all(cold[k]["ok"] and cold[k]["hooks"] == 2 for k in ("method", "partial")), cold
+    warm = run(INSTANCE, env=dict(env, PHASE="warm"))
+    method, partial = warm["method"], warm["partial"]
+    assert method["ok"], f"load() served the class's forward, not the instance's: {method}"
+    assert method["hooks"] == 2, "the module's hooks run once per call, around the replay"
+    assert method["frames"] == 0 and method["stats"]["bypass_loads"] == 1 and method["stats"]["fallbacks"] == 0, method
+    # a partial is not a frame of its own: compiled (counted, with its reason), never a crash
+    assert partial["ok"] and partial["hooks"] == 2, partial
+    assert partial["stats"]["fallback_reasons"] == {"instance forward not replayed": 1}, partial

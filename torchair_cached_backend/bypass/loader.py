@@ -166,6 +166,10 @@ def _torch_compile_fallback(target: Any, options: BackendOptions) -> Callable[[]
     ``forward`` (bound): the replay runs the module's hooks itself, and a replay
     installed as ``model.forward`` must not call back into ``model.__call__``."""
 
+    # a module's forward: set on the instance (read now: a replay swaps in its own while it
+    # runs the module's hooks), or the class's
+    own = instance_forward(target)
+
     def make() -> Callable[..., Any]:
         import torch
 
@@ -174,7 +178,7 @@ def _torch_compile_fallback(target: Any, options: BackendOptions) -> Callable[[]
         kwargs = {k: v for k, v in options.as_dict().items() if v is not None}
         compiled = target
         if isinstance(target, torch.nn.Module):
-            compiled = types.MethodType(type(target).forward, target)
+            compiled = own or types.MethodType(type(target).forward, target)
         return torch.compile(compiled, backend=make_backend(**kwargs), dynamic=options.dynamic)
 
     return make
@@ -436,6 +440,8 @@ def load(
     target = module_call_target(target)
     if _is_ddp(target):
         return _load_ddp(target, opts, fallback)
+    if instance_forward(target) is not None:
+        return _load_instance_forward(target, opts, fallback)
     try:
         return build_replay(target, opts)
     except CacheMiss as miss:
@@ -443,6 +449,43 @@ def load(
             raise
         log.info("npu_cached: %s; compiling instead", miss)
         return _stand_in(target, opts, miss)
+
+
+def instance_forward(target: Any) -> Any:
+    """The ``forward`` set on a module instance (``m.forward = types.MethodType(f, m)``, a
+    ``functools.partial``...), which ``nn.Module.__call__`` runs instead of the class's;
+    None when there is none or it is a replay of ours (``model.forward = tcb.load(...)``)."""
+    import torch
+
+    if not isinstance(target, torch.nn.Module):
+        return None
+    forward = target.__dict__.get("forward")
+    return None if forward is None or isinstance(forward, ReplayedFunction) else forward
+
+
+def _load_instance_forward(module: Any, options: BackendOptions, fallback: bool) -> Any:
+    """``load()`` of a module whose instance ``forward`` is what its calls run: that forward is
+    replayed (a bound method or function: Dynamo compiled its frame), installed as the
+    instance's ``forward``, and the module returned, so ``nn.Module.__call__`` runs its hooks
+    around the replay as before. Any other callable (a partial) is not replayed: it is
+    compiled by Dynamo, as ``torch.compile(module)`` does."""
+    forward = instance_forward(module)
+    if isinstance(forward, (types.MethodType, types.FunctionType)):
+        try:
+            replay: Callable[..., Any] = build_replay(forward, options)
+        except CacheMiss as miss:
+            if not fallback:
+                raise
+            log.info("npu_cached: %s; compiling instead", miss)
+            replay = _stand_in(forward, options, miss)
+        module.__dict__["forward"] = replay
+        return module
+    miss = CacheMiss(f"{type(module).__qualname__}'s forward is a {type(forward).__qualname__} set on the instance, "
+                     "which is not replayed")
+    if not fallback:
+        raise miss
+    log.info("npu_cached: %s; compiling instead", miss)
+    return _stand_in(module, options, miss)
 
 
 def _is_ddp(target: Any) -> bool:
@@ -487,6 +530,7 @@ def _reason_kind(message: str) -> str:
         ("other settings", "compiled under other settings"),
         ("parameters/buffers changed", "parameters changed"),
         ("another format", "older cache format"),
+        ("set on the instance", "instance forward not replayed"),
     ):
         if needle in message:
             return kind
