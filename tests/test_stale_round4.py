@@ -114,3 +114,76 @@ def test_a_torch_dispatch_mode_runs_the_call_eagerly_as_torch_compile_does(warm)
     assert entry["stats"]["fallback_reasons"] == {"no cached variant matches the call": 1}, entry
     assert any("dispatch mode" in line for line in entry["logs"]), entry["logs"]
     assert entry["frames"] == 0, "Dynamo does not compile under a dispatch mode: the call ran eagerly"
+
+
+BACKWARD_HOOKS = textwrap.dedent(
+    """
+    import os
+    import torch
+    import torch.nn.modules.module as nn_module
+    import torchair_cached_backend as tcb
+    from child_helpers import LOGS, frames, stats
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.lin = torch.nn.Linear(8, 8)
+            self.out = torch.nn.Linear(8, 4)
+
+        def forward(self, x):
+            return self.out(torch.relu(self.lin(x)))
+
+    def halve(module, grad_input, grad_output):  # a gradient-scaling hook (as a clipping library's)
+        seen.append(type(module).__name__)
+        return tuple(None if g is None else g * 0.5 for g in grad_input)
+
+    ROOT, PHASE = os.environ["ROOT"], os.environ["PHASE"]
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(1), requires_grad=True)
+    out = {}
+    for route in (("cold",) if PHASE == "cold" else ("load", "compile")):
+        for where in ("global", "root"):
+            m, ref = Net(), Net()
+            if route == "cold":
+                f = torch.compile(m, backend="npu_cached", options={"cache_dir": ROOT, "compiler": "eager"})
+            elif route == "load":
+                f = tcb.load(m, ROOT, compiler="eager")
+            else:
+                f = torch.compile(m, backend="npu_cached", options={"cache_dir": ROOT, "compiler": "eager"})
+            handles = []
+            if route != "cold":  # registered after the warm start, before the step
+                if where == "global":
+                    handles.append(nn_module.register_module_full_backward_hook(halve))
+                else:
+                    handles += [m.register_full_backward_hook(halve), ref.register_full_backward_hook(halve)]
+            seen = []
+            xa = x.detach().clone().requires_grad_(True)
+            f(xa).sum().backward()
+            got_seen = list(seen)
+            seen = []
+            xb = x.detach().clone().requires_grad_(True)
+            # the reference: eager, or a fresh torch.compile (whose OptimizedModule is a module too)
+            (ref if route == "load" else torch.compile(ref, backend="eager"))(xb).sum().backward()
+            out[f"{route}-{where}"] = {
+                "ok": bool(torch.allclose(xa.grad, xb.grad)) and all(
+                    torch.allclose(p.grad, q.grad) for p, q in zip(m.parameters(), ref.parameters())),
+                "hooks": got_seen, "eager_hooks": list(seen)}
+            for h in handles:
+                h.remove()
+    emit({"out": out, "frames": frames(), "stats": stats(), "logs": LOGS[-6:]})
+    """
+)
+
+
+def test_backward_hooks_registered_after_a_warm_start_run(run, tmp_path):
+    """A full backward hook (global, or the root module's) registered after the warm start:
+    eager (and a fresh torch.compile, which breaks the graph at each module call for a global
+    one) runs it in the backward and uses the gradients it returns; the replay skipped it."""
+    env = {"ROOT": str(tmp_path)}
+    cold = run(BACKWARD_HOOKS, env=dict(env, PHASE="cold"))
+    assert all(v["ok"] for v in cold["out"].values()), cold
+    warm = run(BACKWARD_HOOKS, env=dict(env, PHASE="warm"))
+    for name, entry in warm["out"].items():
+        assert entry["ok"], f"{name}: gradients differ from eager's (the hook did not run): {entry}"
+        assert sorted(entry["hooks"]) == sorted(entry["eager_hooks"]), f"{name}: {entry}"
+    assert warm["stats"]["fallback_reasons"].get("global module hooks registered (run eagerly)") == 1, warm["stats"]
