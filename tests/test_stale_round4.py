@@ -59,17 +59,20 @@ CHILD = textwrap.dedent(
             emit({"ok": bool(torch.allclose(f(x), m(x), atol=1e-5)), "stats": stats()})
             raise SystemExit
         silu, relu = F.silu, torch.relu
-        for change in ("none", "silu", "relu", "mode"):
+        for change in ("none", "silu", "relu", "mode_route", "mode"):
             tcb.reset_stats()
             f0, l0 = frames(), len(LOGS)
             F.silu, torch.relu = (tripled if change == "silu" else silu), (absolute if change == "relu" else relu)
             entry = out[change] = {"miss": None}
             try:  # a miss is reported, not compiled (each change loads the cache as the cold process left it)
-                f = tcb.load(m, ROOT, compiler="inductor", fallback=False)
+                if change == "mode_route":
+                    f = torch.compile(m, backend="npu_cached", options={"cache_dir": ROOT, "compiler": "inductor"})
+                else:
+                    f = tcb.load(m, ROOT, compiler="inductor", fallback=False)
             except CacheMiss as miss:
                 entry["miss"] = str(miss)
             else:
-                if change == "mode":
+                if change.startswith("mode"):
                     with Doubler():
                         got, want = f(x), m(x)
                 else:
@@ -187,3 +190,11 @@ def test_backward_hooks_registered_after_a_warm_start_run(run, tmp_path):
         assert entry["ok"], f"{name}: gradients differ from eager's (the hook did not run): {entry}"
         assert sorted(entry["hooks"]) == sorted(entry["eager_hooks"]), f"{name}: {entry}"
     assert warm["stats"]["fallback_reasons"].get("global module hooks registered (run eagerly)") == 1, warm["stats"]
+
+
+@pytest.mark.slow
+def test_a_torch_dispatch_mode_on_the_backend_route_runs_eagerly_and_is_counted(warm):
+    entry = warm["mode_route"]
+    assert entry["ok"] and entry["frames"] == 0, entry
+    assert entry["stats"]["fallback_reasons"] == {"backend route: a torch dispatch mode is active (runs eagerly)": 1}, \
+        f"the call ran eagerly uncounted: {entry}"

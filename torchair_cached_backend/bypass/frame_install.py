@@ -139,6 +139,8 @@ class ReplayingCallback(convert_frame.CatchErrorsWrapper):
         self._tcb_uncached: set[int] = set()
         #: codes with no program at all (not a stale or unfitting one): may run as Python under a replay
         self._tcb_absent: set[int] = set()
+        #: codes already counted as run eagerly under a torch dispatch mode
+        self._tcb_moded: set[int] = set()
         #: the replayed code objects installed here (kept alive, so their ids stay theirs)
         self._tcb_codes: dict[int, types.CodeType] = {}
 
@@ -161,7 +163,14 @@ class ReplayingCallback(convert_frame.CatchErrorsWrapper):
         return super().__call__(frame, cache_entry, frame_state)
 
     def _tcb_replay(self, frame: Any) -> ConvertFrameReturn | None:
-        if torch._dynamo.config.disable or _started(frame) or _dispatch_mode_active():
+        if torch._dynamo.config.disable or _started(frame):
+            return None
+        if _dispatch_mode_active():  # Dynamo runs the frame eagerly: counted, once per code
+            if id(frame.f_code) not in self._tcb_moded:
+                self._tcb_moded.add(id(frame.f_code))
+                _fallback("backend route: a torch dispatch mode is active (runs eagerly)")
+                log.info("npu_cached: %s runs eagerly under a torch dispatch mode (as torch.compile runs it)",
+                         frame.f_code.co_qualname)
             return None
         if any(_GLOBAL_HOOKS):  # they run around every submodule, which the cached graphs inlined
             _fallback("backend route: global module hooks registered (traced)")
