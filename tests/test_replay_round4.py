@@ -94,10 +94,13 @@ INSTANCE = textwrap.dedent(
         def body(self, x, k):
             return self.lin(x) * k
 
-    def build(kind):
+    def build(kind, d):
         if kind == "method":
             m = Adapted().eval()
             m.forward = types.MethodType(adapted_forward, m)
+        elif kind == "compiled":  # the user's own script, cold and warm: a compiled forward set on the instance
+            m = Adapted().eval()
+            m.forward = torch.compile(m.forward, backend="npu_cached", options={"cache_dir": d, "compiler": "eager"})
         else:
             m = Bare().eval()
             m.forward = functools.partial(m.body, k=2.0)
@@ -109,14 +112,14 @@ INSTANCE = textwrap.dedent(
     x = torch.randn(4, 8)
     out = {}
     with torch.no_grad():
-        for kind in ("method", "partial"):
+        for kind in ("method", "partial", "compiled"):
             tcb.reset_stats()
-            f0 = frames()
-            m, hooked = build(kind)
-            want = m(x)
             d = os.path.join(root, kind)
+            m, hooked = build(kind, d)
+            want = Adapted.forward(m, x) if kind == "compiled" else m(x)
+            f0 = frames()
             if cold:
-                f = torch.compile(m, backend="npu_cached", options={"cache_dir": d, "compiler": "eager"})
+                f = m if kind == "compiled" else torch.compile(m, backend="npu_cached", options={"cache_dir": d, "compiler": "eager"})
             else:
                 f = tcb.load(m, d, compiler="eager")
             hooked.clear()
@@ -130,7 +133,7 @@ INSTANCE = textwrap.dedent(
 def test_a_forward_set_on_the_instance_is_what_load_replays(run, tmp_path):
     env = {"ROOT": str(tmp_path)}
     cold = run(INSTANCE, env=dict(env, PHASE="cold"))
-    assert all(cold[k]["ok"] and cold[k]["hooks"] == 2 for k in ("method", "partial")), cold
+    assert all(cold[k]["ok"] and cold[k]["hooks"] == 2 for k in ("method", "partial", "compiled")), cold
     warm = run(INSTANCE, env=dict(env, PHASE="warm"))
     method, partial = warm["method"], warm["partial"]
     assert method["ok"], f"load() served the class's forward, not the instance's: {method}"
@@ -139,3 +142,8 @@ def test_a_forward_set_on_the_instance_is_what_load_replays(run, tmp_path):
     # a partial is not a frame of its own: compiled (counted, with its reason), never a crash
     assert partial["ok"] and partial["hooks"] == 2, partial
     assert partial["stats"]["fallback_reasons"] == {"instance forward not replayed": 1}, partial
+    # ``m.forward = torch.compile(m.forward)`` (the instance's forward is the class's, compiled): replayed
+    compiled = warm["compiled"]
+    assert compiled["ok"] and compiled["hooks"] == 2, compiled
+    assert compiled["frames"] == 0 and compiled["stats"]["bypass_loads"] == 1 and compiled["stats"]["fallbacks"] == 0, \
+        compiled

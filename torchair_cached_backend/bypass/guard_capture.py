@@ -465,7 +465,7 @@ class _Builder:
         self.add(f"(___deterministic() == {det!r})", "load", f"deterministic algorithms == {det}", "DETERMINISTIC_ALGORITHMS",
                  "___deterministic()", det)
         # Dynamo never compiles under a TorchDispatchMode (the call runs eagerly, through the mode)
-        self.add("(not torch._C._len_torch_dispatch_stack() or not ___user_dispatch_mode())", "call", "no torch dispatch mode is active", "DISPATCH_MODE",
+        self.add("(not ___dispatch_len() or not ___user_dispatch_mode())", "call", "no torch dispatch mode is active", "DISPATCH_MODE",
                  "___user_dispatch_mode()", False)
         if not modes:
             self.add("(torch._C._len_torch_function_stack() == 0)", "call", "no torch function mode is active",

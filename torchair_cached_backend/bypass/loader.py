@@ -460,7 +460,16 @@ def instance_forward(target: Any) -> Any:
     if not isinstance(target, torch.nn.Module):
         return None
     forward = target.__dict__.get("forward")
-    return None if forward is None or isinstance(forward, ReplayedFunction) else forward
+    for _ in range(8):  # ``m.forward = torch.compile(m.forward)``: what Dynamo compiles is the function it wraps
+        inner = getattr(forward, "_torchdynamo_orig_callable", None)
+        if inner is None:
+            break
+        forward = inner
+    if forward is None or isinstance(forward, ReplayedFunction):
+        return None
+    if isinstance(forward, types.MethodType) and forward.__self__ is target and forward.__func__ is type(target).forward:
+        return None  # the class's own forward, bound
+    return forward
 
 
 def _load_instance_forward(module: Any, options: BackendOptions, fallback: bool) -> Any:

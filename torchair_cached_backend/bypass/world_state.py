@@ -28,12 +28,15 @@ def origin(obj: Any) -> tuple[Any, ...]:
     hit = _ORIGINS.get(id(obj))
     if hit is not None and hit[0] is obj:
         return hit[1]
-    code = getattr(obj, "__code__", None)
-    where = None
-    if isinstance(code, types.CodeType):
-        where = (code.co_qualname, os.path.basename(code.co_filename), code.co_firstlineno)
-    module, name = getattr(obj, "__module__", None), getattr(obj, "__qualname__", getattr(obj, "__name__", None))
     t = type(obj)
+    try:
+        code = getattr(obj, "__code__", None)
+        where = None
+        if isinstance(code, types.CodeType):
+            where = (code.co_qualname, os.path.basename(code.co_filename), code.co_firstlineno)
+        module, name = getattr(obj, "__module__", None), getattr(obj, "__qualname__", getattr(obj, "__name__", None))
+    except Exception:  # an object whose attributes cannot be read: compared by its type alone
+        module = name = where = None
     found = (f"{t.__module__}.{t.__qualname__}", module if isinstance(module, str) else None,
              name if isinstance(name, str) else None, where)
     _ORIGINS[id(obj)] = (obj, found)
@@ -74,6 +77,7 @@ def process_group_state(group: Any) -> tuple[Any, ...]:
 
 HELPERS: dict[str, Any] = {
     "___origin": origin,
+    "___dispatch_len": torch._C._len_torch_dispatch_stack,
     "___user_dispatch_mode": user_dispatch_mode,
     "___pg_state": process_group_state,
 }
