@@ -147,3 +147,45 @@ def test_a_forward_set_on_the_instance_is_what_load_replays(run, tmp_path):
     assert compiled["ok"] and compiled["hooks"] == 2, compiled
     assert compiled["frames"] == 0 and compiled["stats"]["bypass_loads"] == 1 and compiled["stats"]["fallbacks"] == 0, \
         compiled
+
+
+OWN_CALL = textwrap.dedent(
+    """
+    import os
+    import torch
+    import torchair_cached_backend as tcb
+    from child_helpers import LOGS, frames, stats
+
+    class Doubled(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.lin = torch.nn.Linear(8, 8)
+
+        def forward(self, x):
+            return self.lin(x)
+
+        def __call__(self, x):  # what m(x) runs
+            return super().__call__(x) * 2
+
+    m = Doubled().eval()
+    x = torch.randn(4, 8)
+    with torch.no_grad():
+        if os.environ["PHASE"] == "cold":
+            f = torch.compile(m, backend="npu_cached", options={"cache_dir": os.environ["ROOT"], "compiler": "eager"})
+        else:
+            f = tcb.load(m, os.environ["ROOT"], compiler="eager")
+        ok = bool(torch.allclose(f(x), m(x)))
+    emit({"ok": ok, "frames": frames(), "stats": stats(), "logs": LOGS[-4:]})
+    """
+)
+
+
+def test_a_module_class_with_its_own_call_replays_that_call(run, tmp_path):
+    """``load(m)`` stands for ``m(x)``: a class that overrides ``__call__`` is replayed through it
+    (Dynamo compiled that frame); it served ``forward`` alone (without the ``* 2``)."""
+    env = {"ROOT": str(tmp_path)}
+    assert run(OWN_CALL, env=dict(env, PHASE="cold"))["ok"]
+    warm = run(OWN_CALL, env=dict(env, PHASE="warm"))
+    assert warm["ok"], f"load() served forward, not the class's __call__: {warm['logs']}"
+    assert warm["frames"] == 0 and warm["stats"]["bypass_loads"] == 1 and warm["stats"]["fallbacks"] == 0, warm

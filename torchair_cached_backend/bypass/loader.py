@@ -440,6 +440,7 @@ def load(
     target = module_call_target(target)
     if _is_ddp(target):
         return _load_ddp(target, opts, fallback)
+    target = own_call(target)
     if instance_forward(target) is not None:
         return _load_instance_forward(target, opts, fallback)
     try:
@@ -449,6 +450,20 @@ def load(
             raise
         log.info("npu_cached: %s; compiling instead", miss)
         return _stand_in(target, opts, miss)
+
+
+def own_call(target: Any) -> Any:
+    """A module whose class overrides ``__call__`` (``return super().__call__(x) * 2``) is
+    called through it, and Dynamo compiled that frame: it stands for the bound ``__call__``,
+    not for ``forward``."""
+    import torch
+
+    if not isinstance(target, torch.nn.Module):
+        return target
+    call = type(target).__call__
+    if isinstance(call, types.FunctionType) and call not in (torch.nn.Module.__call__, torch.nn.Module._call_impl):
+        return types.MethodType(call, target)
+    return target
 
 
 def instance_forward(target: Any) -> Any:
