@@ -1,7 +1,8 @@
 """The fourth review's never-replayed frames and crashing warm starts, cold in one fresh
 process and warm in another (``eager`` inner compiler: these are about what is replayed).
 
-* A process subgroup read in forward (``dist.get_rank(self.tp_group)``, ``group.size()``):
+* A process subgroup or DeviceMesh read in forward (``dist.get_rank(self.tp_group)``,
+  ``group.size()``, ``mesh.get_local_rank("tp")``):
   Dynamo guards the group's type only and folds its rank and size into the graph, so the
   frame was refused at capture (never replayed). Now the group's state is checked: the same
   tensor-parallel layout replays, another one (same world rank, TP size 2 -> 4) is rebuilt.
@@ -15,6 +16,8 @@ from __future__ import annotations
 
 import textwrap
 
+import pytest
+
 GROUPS = textwrap.dedent(
     """
     import os
@@ -25,7 +28,7 @@ GROUPS = textwrap.dedent(
     from child_helpers import LOGS, frames, stats
 
     dist.init_process_group("fake", rank=1, world_size=4, store=FakeStore())
-    tp = dist.new_group([0, 1] if os.environ["TP"] == "2" else [0, 1, 2, 3])
+    TP = int(os.environ["TP"])
 
     class Sharded(torch.nn.Module):
         def __init__(self, group):
@@ -37,7 +40,22 @@ GROUPS = textwrap.dedent(
         def forward(self, x):
             return self.lin(x) * (dist.get_rank(self.tp_group) + 1.0) + self.tp_group.size()
 
-    m = Sharded(tp).eval()
+    class MeshSharded(torch.nn.Module):
+        def __init__(self, mesh):
+            super().__init__()
+            torch.manual_seed(0)
+            self.lin = torch.nn.Linear(8, 8)
+            self.mesh = mesh
+
+        def forward(self, x):
+            return self.lin(x) * (self.mesh.get_local_rank("tp") + 1.0) + self.mesh["tp"].size()
+
+    if os.environ["KIND"] == "group":
+        m = Sharded(dist.new_group(list(range(TP)))).eval()
+    else:
+        from torch.distributed.device_mesh import init_device_mesh
+
+        m = MeshSharded(init_device_mesh("cpu", (4 // TP, TP), mesh_dim_names=("dp", "tp"))).eval()
     x = torch.randn(4, 8)
     with torch.no_grad():
         if os.environ["PHASE"] == "cold":
@@ -50,8 +68,9 @@ GROUPS = textwrap.dedent(
 )
 
 
-def test_a_process_subgroup_replays_and_another_layout_is_rebuilt(run, tmp_path):
-    env = {"ROOT": str(tmp_path)}
+@pytest.mark.parametrize("kind", ["group", "mesh"])
+def test_a_process_subgroup_replays_and_another_layout_is_rebuilt(run, tmp_path, kind):
+    env = {"ROOT": str(tmp_path), "KIND": kind}
     cold = run(GROUPS, env=dict(env, PHASE="cold", TP="2"))
     assert cold["ok"] and not any("not be replayed" in line for line in cold["logs"]), cold
     same = run(GROUPS, env=dict(env, PHASE="warm", TP="2"))
@@ -60,7 +79,8 @@ def test_a_process_subgroup_replays_and_another_layout_is_rebuilt(run, tmp_path)
     wider = run(GROUPS, env=dict(env, PHASE="warm", TP="4"))  # same world rank, TP size 4
     assert wider["ok"], f"the TP-size-2 variant served a TP-size-4 process: {wider['logs']}"
     assert wider["stats"]["fallback_reasons"] == {"guards failed at load": 1}, wider["stats"]
-    assert any("process group self.tp_group" in line for line in wider["logs"]), wider["logs"]
+    what = "process group self.tp_group" if kind == "group" else "device mesh self.mesh"
+    assert any(what in line for line in wider["logs"]), wider["logs"]
 
 
 INSTANCE = textwrap.dedent(

@@ -275,13 +275,21 @@ class _Builder:
                 raise Unsupported(f"process group {desc} has a state that cannot be checked in another process")
             self.add(f"(___pg_state({e}) == {lit})", scope, f"process group {desc} (rank, size, ranks, backend, name, "
                      f"description) == {state}", kind, f"___pg_state({e})", state)
+        elif kind == "FAKE_SCRIPT_TYPE_MATCH" and world_state.is_device_mesh(value):
+            state = world_state.device_mesh_state(value)
+            lit = self.literal(state)
+            if lit is None:
+                raise Unsupported(f"device mesh {desc} has a state that cannot be checked in another process")
+            self.add(f"(___mesh_state({e}) == {lit})", scope, f"device mesh {desc} (ranks, shape, device, dim names, "
+                     f"coordinate, groups) == {state}", kind, f"___mesh_state({e})", state)
         elif kind == "OPAQUE_OBJ_GUARD_FN_MATCH":
             from torch._library.opaque_object import get_opaque_obj_info
 
             info = get_opaque_obj_info(type(value))
-            if info is not None and info.guard_fn is not None:
+            if info is not None and info.guard_fn is not None and not world_state.is_device_mesh(value):
                 raise Unsupported(f"{kind} guard on {desc} (a {type(value).__qualname__})")
-            # no guard function: Dynamo installs no check (a process group is checked by its state above)
+            # no guard function: Dynamo installs no check; a process group's or a device mesh's state is
+            # checked above (the mesh's guard function is a part of it, plus a thread id)
         elif kind in ("NOT_NONE_MATCH", "WEAKREF_ALIVE"):
             self.add(f"({e} is not None)", scope, f"{desc} is not None", kind)
         else:

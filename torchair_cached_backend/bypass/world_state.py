@@ -7,13 +7,15 @@
 * ``user_dispatch_mode``: a ``TorchDispatchMode`` is active. Dynamo does not compile
   under one (the frame runs eagerly, through the mode); a compiled graph (Inductor's
   kernels) would bypass it.
-* ``process_group_state``: a process group the frame read (``dist.get_rank(group)``,
-  ``group.size()``); Dynamo bakes its rank and size into the graph and guards only its type.
+* ``process_group_state`` / ``device_mesh_state``: a process group or DeviceMesh the frame read
+  (``dist.get_rank(group)``, ``group.size()``, ``mesh.get_local_rank("tp")``); Dynamo bakes
+  ranks and sizes into the graph and guards only the object's type.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import types
 from typing import Any
 
@@ -75,9 +77,31 @@ def process_group_state(group: Any) -> tuple[Any, ...]:
     return (group.rank(), group.size(), ranks, backend, group.group_name, group.group_desc)
 
 
+def is_device_mesh(value: Any) -> bool:
+    mesh_module = sys.modules.get("torch.distributed.device_mesh")
+    mesh_type = getattr(mesh_module, "DeviceMesh", None)
+    return mesh_type is not None and isinstance(value, mesh_type)
+
+
+def device_mesh_state(mesh: Any) -> tuple[Any, ...]:
+    """What Dynamo folds in of a DeviceMesh (``get_local_rank``, ``size``, ``get_coordinate``
+    and its submeshes are evaluated while tracing): the ranks it lays out and their shape,
+    its device type and dim names, this rank's coordinate, and each dim's process group.
+    (Dynamo's own guard function also compares the creating thread's id, which means
+    nothing in another process.)"""
+    if not is_device_mesh(mesh):
+        return ("not a device mesh", type(mesh).__qualname__)
+    ranks = mesh.mesh
+    coordinate = mesh.get_coordinate()
+    groups = tuple(process_group_state(mesh.get_group(i)) for i in range(ranks.dim()))
+    return (tuple(ranks.flatten().tolist()), tuple(ranks.shape), mesh.device_type, mesh.mesh_dim_names,
+            None if coordinate is None else tuple(coordinate), groups)
+
+
 HELPERS: dict[str, Any] = {
     "___origin": origin,
     "___dispatch_len": torch._C._len_torch_dispatch_stack,
     "___user_dispatch_mode": user_dispatch_mode,
     "___pg_state": process_group_state,
+    "___mesh_state": device_mesh_state,
 }
