@@ -198,3 +198,41 @@ def test_a_torch_dispatch_mode_on_the_backend_route_runs_eagerly_and_is_counted(
     assert entry["ok"] and entry["frames"] == 0, entry
     assert entry["stats"]["fallback_reasons"] == {"backend route: a torch dispatch mode is active (runs eagerly)": 1}, \
         f"the call ran eagerly uncounted: {entry}"
+
+
+FORWARD_HOOK_ROUTE = textwrap.dedent(
+    """
+    import os
+    import torch
+    import torch.nn.modules.module as nn_module
+    from child_helpers import LOGS, frames, stats
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.lin = torch.nn.Linear(8, 8)
+
+        def forward(self, x):
+            return torch.sin(self.lin(x))
+
+    m = Net().eval()
+    x = torch.randn(4, 8)
+    if os.environ["PHASE"] == "warm":  # registered before the first call of the warm process
+        nn_module.register_module_forward_hook(lambda mod, args, out: out * 2 if isinstance(mod, torch.nn.Linear) else out)
+    with torch.no_grad():
+        f = torch.compile(m, backend="npu_cached", options={"cache_dir": os.environ["ROOT"], "compiler": "eager"})
+        ok = bool(torch.allclose(f(x), m(x)))
+    emit({"ok": ok, "frames": frames(), "stats": stats(), "logs": LOGS[-4:]})
+    """
+)
+
+
+def test_a_global_forward_hook_before_the_first_call_of_the_backend_route(run, tmp_path):
+    """The backend route installed the replay for the first call (the guard that fails while a
+    global hook is registered is only checked on later calls): the hook did not run."""
+    env = {"ROOT": str(tmp_path)}
+    assert run(FORWARD_HOOK_ROUTE, env=dict(env, PHASE="cold"))["ok"]
+    warm = run(FORWARD_HOOK_ROUTE, env=dict(env, PHASE="warm"))
+    assert warm["ok"], f"the replayed graph ran without the global hook: {warm['logs']}"
+    assert warm["stats"]["fallback_reasons"].get("backend route: global module hooks registered (traced)"), warm["stats"]
