@@ -118,6 +118,8 @@ class _Builder:
         self.mutated: tuple[str, ...] = ()
         #: (class const or source expression, attribute name) already checked for what it resolves to
         self._resolved_seen: set[tuple[str, str]] = set()
+        #: (constant, literal of its origin, description) of objects found by import path
+        self.origins: list[tuple[str, str, str]] = []
 
     # -- constants ------------------------------------------------------
     def const(self, value: Any) -> str:
@@ -338,10 +340,21 @@ class _Builder:
         (Inductor's kernels) would compute the original. Checked on the constant, once."""
         was = world_state.origin(value)
         lit = self.literal(was)
-        if lit is None:
+        if lit is not None and all(ref != r for r, _, _ in self.origins):
+            self.origins.append((ref, lit, desc))
+
+    def origin_check(self) -> None:
+        """One check for every constant :meth:`origin` recorded: they never change once decoded,
+        so it is evaluated once per load (memoized on the check namespace, also with
+        ``guards="call"``); per call, the identity checks compare the live objects with them."""
+        if not self.origins:
             return
-        self.add(f"(___origin({ref}) == {lit})", "load", f"{desc} is the object cached (not a replacement assigned "
-                 "there)", "ORIGIN", f"___origin({ref})", was)
+        refs = ", ".join(r for r, _, _ in self.origins)
+        lits = ", ".join(lit for _, lit, _ in self.origins)
+        names = tuple(d for _, _, d in self.origins)
+        reader = f"___origins_changed(({refs},), ({lits},), {names!r})"
+        self.add(f"___once(lambda: not {reader})", "load", "each function or class found at its import path is the "
+                 "one cached (not a replacement assigned there)", "ORIGIN", reader, [])
 
     def tensor(self, e: str, value: Any, fake: Any) -> str:
         if not isinstance(value, torch.Tensor):
@@ -637,6 +650,7 @@ def capture_frame_guards(
             builder.guard(guard, value, fakes)
             objects.append((guard, value))
         builder.resolved_methods(objects, {id(c) for c in traced})
+        builder.origin_check()
         builder.process_state(traced, [value for _, value in objects])
         for expr in _shape_guard_exprs(output):
             builder.shape(expr)

@@ -45,6 +45,28 @@ def origin(obj: Any) -> tuple[Any, ...]:
     return found
 
 
+def origins_changed(objects: tuple[Any, ...], expected: tuple[Any, ...], names: tuple[str, ...]) -> list[str]:
+    """The names of ``objects`` whose :func:`origin` is not the one expected."""
+    return [name for obj, want, name in zip(objects, expected, names, strict=True) if origin(obj) != want]
+
+
+def once(check: Any) -> bool:
+    """``check()`` evaluated once per check namespace (a loaded frame's checks, whose
+    constants never change after decoding): a generated ``lambda`` over those constants.
+    The result is kept in that namespace (it lives as long as the checks do)."""
+    namespace = check.__globals__
+    memo = namespace.get("___once_memo")
+    if memo is None:
+        memo = namespace["___once_memo"] = {}
+    code = check.__code__
+    hit = memo.get(id(code))
+    if hit is not None and hit[0] is code:
+        return hit[1]
+    result = bool(check())
+    memo[id(code)] = (code, result)
+    return result
+
+
 def user_dispatch_mode() -> bool:
     """Whether a TorchDispatchMode Dynamo would not compile under is active (its own test:
     infra modes and modes that ignore compile internals do not count)."""
@@ -100,6 +122,8 @@ def device_mesh_state(mesh: Any) -> tuple[Any, ...]:
 
 HELPERS: dict[str, Any] = {
     "___origin": origin,
+    "___origins_changed": origins_changed,
+    "___once": once,
     "___dispatch_len": torch._C._len_torch_dispatch_stack,
     "___user_dispatch_mode": user_dispatch_mode,
     "___pg_state": process_group_state,
