@@ -193,6 +193,8 @@ OWN_CALL = textwrap.dedent(
     with torch.no_grad():
         if os.environ["PHASE"] == "cold":
             f = torch.compile(m, backend="npu_cached", options={"cache_dir": os.environ["ROOT"], "compiler": "eager"})
+        elif os.environ["PHASE"] == "optimized":  # load() of what torch.compile returned: the module it wraps
+            f = tcb.load(torch.compile(m, backend="eager"), os.environ["ROOT"], compiler="eager")
         else:
             f = tcb.load(m, os.environ["ROOT"], compiler="eager")
         ok = bool(torch.allclose(f(x), m(x)))
@@ -209,3 +211,5 @@ def test_a_module_class_with_its_own_call_replays_that_call(run, tmp_path):
     warm = run(OWN_CALL, env=dict(env, PHASE="warm"))
     assert warm["ok"], f"load() served forward, not the class's __call__: {warm['logs']}"
     assert warm["frames"] == 0 and warm["stats"]["bypass_loads"] == 1 and warm["stats"]["fallbacks"] == 0, warm
+    optimized = run(OWN_CALL, env=dict(env, PHASE="optimized"))  # it crashed: "missing the required forward"
+    assert optimized["ok"] and optimized["frames"] == 0 and optimized["stats"]["bypass_loads"] == 1, optimized

@@ -440,7 +440,7 @@ def load(
     target = module_call_target(target)
     if _is_ddp(target):
         return _load_ddp(target, opts, fallback)
-    target = own_call(target)
+    target = own_call(_unwrapped(target))
     if instance_forward(target) is not None:
         return _load_instance_forward(target, opts, fallback)
     try:
@@ -450,6 +450,17 @@ def load(
             raise
         log.info("npu_cached: %s; compiling instead", miss)
         return _stand_in(target, opts, miss)
+
+
+def _unwrapped(target: Any) -> Any:
+    """``load(torch.compile(model), dir)``: the module ``torch.compile`` wrapped (its
+    ``OptimizedModule`` has no forward of its own)."""
+    optimized = getattr(sys.modules.get("torch._dynamo.eval_frame"), "OptimizedModule", None)
+    for _ in range(8):
+        if optimized is None or not isinstance(target, optimized):
+            break
+        target = target._orig_mod
+    return target
 
 
 def own_call(target: Any) -> Any:
