@@ -141,6 +141,8 @@ class ReplayingCallback(convert_frame.CatchErrorsWrapper):
         self._tcb_uncached: set[int] = set()
         #: codes with no program at all (not a stale or unfitting one): may run as Python under a replay
         self._tcb_absent: set[int] = set()
+        #: codes already counted as run eagerly under a torch dispatch mode
+        self._tcb_moded: set[int] = set()
         #: the replayed code objects installed here (kept alive, so their ids stay theirs)
         self._tcb_codes: dict[int, types.CodeType] = {}
 
@@ -163,7 +165,17 @@ class ReplayingCallback(convert_frame.CatchErrorsWrapper):
         return super().__call__(frame, cache_entry, frame_state)
 
     def _tcb_replay(self, frame: Any) -> ConvertFrameReturn | None:
-        if torch._dynamo.config.disable or _started(frame) or _dispatch_mode_active():
+        if torch._dynamo.config.disable or _started(frame):
+            return None
+        if _dispatch_mode_active():  # Dynamo runs the frame eagerly: counted, once per code
+            if id(frame.f_code) not in self._tcb_moded:
+                self._tcb_moded.add(id(frame.f_code))
+                _fallback("backend route: a torch dispatch mode is active (runs eagerly)")
+                log.info("npu_cached: %s runs eagerly under a torch dispatch mode (as torch.compile runs it)",
+                         frame.f_code.co_qualname)
+            return None
+        if any(_GLOBAL_HOOKS):  # they run around every submodule, which the cached graphs inlined
+            _fallback("backend route: global module hooks registered (traced)")
             return None
         code = frame.f_code
         if id(code) in self._tcb_uncached:
@@ -322,12 +334,17 @@ def _holds(check: Callable[..., bool], code: types.CodeType, local: dict[str, An
         return False
 
 
+#: nn.Module's global hook dicts (forward and backward), which the guard requires empty
+_GLOBAL_HOOKS = (nn_module._global_forward_pre_hooks, nn_module._global_forward_hooks,
+                 nn_module._global_backward_pre_hooks, nn_module._global_backward_hooks)
+
+
 def _guard(check: Callable[..., bool], code: types.CodeType, func: types.FunctionType, receiver: Any,
            options: Any, no_checks: bool) -> Callable[[dict[str, Any]], bool] | None:
     """The entry's guard over the frame's locals (see the module docstring). The entry is
     the code object's, so it also holds the function's free variables by identity: one
     decorator's wrapper code serves every method it decorates, each with its own cells."""
-    hooks = (nn_module._global_forward_pre_hooks, nn_module._global_forward_hooks)
+    hooks = _GLOBAL_HOOKS
     try:
         frees = tuple(zip(code.co_freevars, [c.cell_contents for c in func.__closure__ or ()], strict=True))
     except ValueError:  # an empty cell (or a closure that does not match): Dynamo's path
@@ -335,7 +352,7 @@ def _guard(check: Callable[..., bool], code: types.CodeType, func: types.Functio
     ref = weakref.ref(receiver) if receiver is not None and options.guards != "call" else None
 
     def guard(L: dict[str, Any]) -> bool:
-        if hooks[0] or hooks[1]:
+        if hooks[0] or hooks[1] or hooks[2] or hooks[3]:
             return False
         for name, value in frees:
             if L.get(name, _MISSING) is not value:

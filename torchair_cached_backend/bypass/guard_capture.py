@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from .. import code_codec
+from . import world_state
 from .guard_codegen import LOCAL_RE, Unsupported, self_test, signature_params, source_module, without_lines
 from .guard_runtime import CHECKS_FORMAT, HELPERS, function_modes, pack_checks, short, unwrap_attribute
 from .process_state import process_state_reads
@@ -117,6 +118,8 @@ class _Builder:
         self.mutated: tuple[str, ...] = ()
         #: (class const or source expression, attribute name) already checked for what it resolves to
         self._resolved_seen: set[tuple[str, str]] = set()
+        #: (constant, literal of its origin, description) of objects found by import path
+        self.origins: list[tuple[str, str, str]] = []
 
     # -- constants ------------------------------------------------------
     def const(self, value: Any) -> str:
@@ -266,6 +269,29 @@ class _Builder:
         elif kind == "NOT_PRESENT_IN_GENERIC_DICT":
             attr = keywords["attr"]
             self.add(f"(not ___dict_contains({attr!r}, {e}.__dict__))", scope, f"{attr!r} not set on {desc}", kind)
+        elif kind == "FAKE_SCRIPT_TYPE_MATCH" and world_state.is_process_group(value):
+            # Dynamo guards a process group's type and folds its rank and size into the graph
+            state = world_state.process_group_state(value)
+            lit = self.literal(state)
+            if lit is None:
+                raise Unsupported(f"process group {desc} has a state that cannot be checked in another process")
+            self.add(f"(___pg_state({e}) == {lit})", scope, f"process group {desc} (rank, size, ranks, backend, name, "
+                     f"description) == {state}", kind, f"___pg_state({e})", state)
+        elif kind == "FAKE_SCRIPT_TYPE_MATCH" and world_state.is_device_mesh(value):
+            state = world_state.device_mesh_state(value)
+            lit = self.literal(state)
+            if lit is None:
+                raise Unsupported(f"device mesh {desc} has a state that cannot be checked in another process")
+            self.add(f"(___mesh_state({e}) == {lit})", scope, f"device mesh {desc} (ranks, shape, device, dim names, "
+                     f"coordinate, groups) == {state}", kind, f"___mesh_state({e})", state)
+        elif kind == "OPAQUE_OBJ_GUARD_FN_MATCH":
+            from torch._library.opaque_object import get_opaque_obj_info
+
+            info = get_opaque_obj_info(type(value))
+            if info is not None and info.guard_fn is not None and not world_state.is_device_mesh(value):
+                raise Unsupported(f"{kind} guard on {desc} (a {type(value).__qualname__})")
+            # no guard function: Dynamo installs no check; a process group's or a device mesh's state is
+            # checked above (the mesh's guard function is a part of it, plus a thread id)
         elif kind in ("NOT_NONE_MATCH", "WEAKREF_ALIVE"):
             self.add(f"({e} is not None)", scope, f"{desc} is not None", kind)
         else:
@@ -293,6 +319,8 @@ class _Builder:
     def identity(self, e: str, value: Any, desc: str) -> str:
         if isinstance(value, type):
             how, ref = self.class_ref(value)
+            if how == "is":
+                self.origin(ref, value, desc)
             return f"({e} is {ref})" if how == "is" else f"(isinstance({e}, type) and ___tname({e}) == {ref})"
         if type(value) is types.FunctionType and not (_is_library_function(value) and _importable(value)):
             return self.code_check(f"{e}.__code__", value.__code__)
@@ -302,7 +330,31 @@ class _Builder:
             ref = self.const(value)
         except code_codec.CodecError as exc:
             raise Unsupported(f"identity of {desc} (a {type(value).__qualname__}) cannot be checked in another process") from exc
+        if callable(value) and not isinstance(value, types.ModuleType):
+            self.origin(ref, value, desc)
         return f"({e} is {ref})"
+
+    def origin(self, ref: str, value: Any, desc: str) -> None:
+        """The object a constant finds by its import path is the one captured, not a
+        replacement assigned there (``torch.nn.functional.silu = ...``): a stale graph
+        (Inductor's kernels) would compute the original. Checked on the constant, once."""
+        was = world_state.origin(value)
+        lit = self.literal(was)
+        if lit is not None and all(ref != r for r, _, _ in self.origins):
+            self.origins.append((ref, lit, desc))
+
+    def origin_check(self) -> None:
+        """One check for every constant :meth:`origin` recorded: they never change once decoded,
+        so it is evaluated once per load (memoized on the check namespace, also with
+        ``guards="call"``); per call, the identity checks compare the live objects with them."""
+        if not self.origins:
+            return
+        refs = ", ".join(r for r, _, _ in self.origins)
+        lits = ", ".join(lit for _, lit, _ in self.origins)
+        names = tuple(d for _, _, d in self.origins)
+        reader = f"___origins_changed(({refs},), ({lits},), {names!r})"
+        self.add(f"___once(lambda: not {reader})", "load", "each function or class found at its import path is the "
+                 "one cached (not a replacement assigned there)", "ORIGIN", reader, [])
 
     def tensor(self, e: str, value: Any, fake: Any) -> str:
         if not isinstance(value, torch.Tensor):
@@ -433,6 +485,9 @@ class _Builder:
         det = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
         self.add(f"(___deterministic() == {det!r})", "load", f"deterministic algorithms == {det}", "DETERMINISTIC_ALGORITHMS",
                  "___deterministic()", det)
+        # Dynamo never compiles under a TorchDispatchMode (the call runs eagerly, through the mode)
+        self.add("(not ___dispatch_len() or not ___user_dispatch_mode())", "call", "no torch dispatch mode is active", "DISPATCH_MODE",
+                 "___user_dispatch_mode()", False)
         if not modes:
             self.add("(torch._C._len_torch_function_stack() == 0)", "call", "no torch function mode is active",
                      "TORCH_FUNCTION_STATE", "___tf_modes()", modes)
@@ -595,6 +650,7 @@ def capture_frame_guards(
             builder.guard(guard, value, fakes)
             objects.append((guard, value))
         builder.resolved_methods(objects, {id(c) for c in traced})
+        builder.origin_check()
         builder.process_state(traced, [value for _, value in objects])
         for expr in _shape_guard_exprs(output):
             builder.shape(expr)

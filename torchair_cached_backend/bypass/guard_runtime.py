@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from .. import code_codec
+from . import world_state
 
 #: bumped when the generated check module's contract changes (3: the blob holds the
 #: checks, the full check and the explanations as separate parts; 4: a check repeated per
@@ -467,6 +468,7 @@ HELPERS: dict[str, Any] = {
         torch.are_deterministic_algorithms_enabled(),
         torch.is_deterministic_algorithms_warn_only_enabled(),
     ),
+    **world_state.HELPERS,  # origins of objects found by path, dispatch modes, process groups
 }
 
 

@@ -166,6 +166,10 @@ def _torch_compile_fallback(target: Any, options: BackendOptions) -> Callable[[]
     ``forward`` (bound): the replay runs the module's hooks itself, and a replay
     installed as ``model.forward`` must not call back into ``model.__call__``."""
 
+    # a module's forward: set on the instance (read now: a replay swaps in its own while it
+    # runs the module's hooks), or the class's
+    own = instance_forward(target)
+
     def make() -> Callable[..., Any]:
         import torch
 
@@ -174,7 +178,7 @@ def _torch_compile_fallback(target: Any, options: BackendOptions) -> Callable[[]
         kwargs = {k: v for k, v in options.as_dict().items() if v is not None}
         compiled = target
         if isinstance(target, torch.nn.Module):
-            compiled = types.MethodType(type(target).forward, target)
+            compiled = own or types.MethodType(type(target).forward, target)
         return torch.compile(compiled, backend=make_backend(**kwargs), dynamic=options.dynamic)
 
     return make
@@ -436,6 +440,9 @@ def load(
     target = module_call_target(target)
     if _is_ddp(target):
         return _load_ddp(target, opts, fallback)
+    target = own_call(_unwrapped(target))
+    if instance_forward(target) is not None:
+        return _load_instance_forward(target, opts, fallback)
     try:
         return build_replay(target, opts)
     except CacheMiss as miss:
@@ -443,6 +450,77 @@ def load(
             raise
         log.info("npu_cached: %s; compiling instead", miss)
         return _stand_in(target, opts, miss)
+
+
+def _unwrapped(target: Any) -> Any:
+    """``load(torch.compile(model), dir)``: the module ``torch.compile`` wrapped (its
+    ``OptimizedModule`` has no forward of its own)."""
+    optimized = getattr(sys.modules.get("torch._dynamo.eval_frame"), "OptimizedModule", None)
+    for _ in range(8):
+        if optimized is None or not isinstance(target, optimized):
+            break
+        target = target._orig_mod
+    return target
+
+
+def own_call(target: Any) -> Any:
+    """A module whose class overrides ``__call__`` (``return super().__call__(x) * 2``) is
+    called through it, and Dynamo compiled that frame: it stands for the bound ``__call__``,
+    not for ``forward``."""
+    import torch
+
+    if not isinstance(target, torch.nn.Module):
+        return target
+    call = type(target).__call__
+    if isinstance(call, types.FunctionType) and call not in (torch.nn.Module.__call__, torch.nn.Module._call_impl):
+        return types.MethodType(call, target)
+    return target
+
+
+def instance_forward(target: Any) -> Any:
+    """The ``forward`` set on a module instance (``m.forward = types.MethodType(f, m)``, a
+    ``functools.partial``...), which ``nn.Module.__call__`` runs instead of the class's;
+    None when there is none or it is a replay of ours (``model.forward = tcb.load(...)``)."""
+    import torch
+
+    if not isinstance(target, torch.nn.Module):
+        return None
+    forward = target.__dict__.get("forward")
+    for _ in range(8):  # ``m.forward = torch.compile(m.forward)``: what Dynamo compiles is the function it wraps
+        inner = getattr(forward, "_torchdynamo_orig_callable", None)
+        if inner is None:
+            break
+        forward = inner
+    if forward is None or isinstance(forward, ReplayedFunction):
+        return None
+    if isinstance(forward, types.MethodType) and forward.__self__ is target and forward.__func__ is type(target).forward:
+        return None  # the class's own forward, bound
+    return forward
+
+
+def _load_instance_forward(module: Any, options: BackendOptions, fallback: bool) -> Any:
+    """``load()`` of a module whose instance ``forward`` is what its calls run: that forward is
+    replayed (a bound method or function: Dynamo compiled its frame), installed as the
+    instance's ``forward``, and the module returned, so ``nn.Module.__call__`` runs its hooks
+    around the replay as before. Any other callable (a partial) is not replayed: it is
+    compiled by Dynamo, as ``torch.compile(module)`` does."""
+    forward = instance_forward(module)
+    if isinstance(forward, (types.MethodType, types.FunctionType)):
+        try:
+            replay: Callable[..., Any] = build_replay(forward, options)
+        except CacheMiss as miss:
+            if not fallback:
+                raise
+            log.info("npu_cached: %s; compiling instead", miss)
+            replay = _stand_in(forward, options, miss)
+        module.__dict__["forward"] = replay
+        return module
+    miss = CacheMiss(f"{type(module).__qualname__}'s forward is a {type(forward).__qualname__} set on the instance, "
+                     "which is not replayed")
+    if not fallback:
+        raise miss
+    log.info("npu_cached: %s; compiling instead", miss)
+    return _stand_in(module, options, miss)
 
 
 def _is_ddp(target: Any) -> bool:
@@ -487,6 +565,7 @@ def _reason_kind(message: str) -> str:
         ("other settings", "compiled under other settings"),
         ("parameters/buffers changed", "parameters changed"),
         ("another format", "older cache format"),
+        ("set on the instance", "instance forward not replayed"),
     ):
         if needle in message:
             return kind

@@ -72,18 +72,22 @@ class ReplayedFunction:
         self._miss = miss  # nothing replayable (already counted by load()): every call compiles
         self._eager_counted = False
         self._hooks: tuple[dict[Any, Any], ...] = ()
-        if module is not None:
-            self._hooks = (module._forward_pre_hooks, module._forward_hooks)
-        self._global_hooks = (nn_module._global_forward_pre_hooks, nn_module._global_forward_hooks)
+        if module is not None:  # the module's own hooks, run by nn.Module.__call__ (backward ones too)
+            self._hooks = (module._forward_pre_hooks, module._forward_hooks, module._backward_pre_hooks,
+                           module._backward_hooks)
+        # global ones run around every submodule, which the cached graphs inlined (backward ones
+        # too: torch.compile breaks the graph at every module call while one is registered)
+        self._global_hooks = (nn_module._global_forward_pre_hooks, nn_module._global_forward_hooks,
+                              nn_module._global_backward_pre_hooks, nn_module._global_backward_hooks)
         self._first = variants[0] if len(variants) == 1 else None
         self.__qualname__ = self.__name__ = qualname
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         global_hooks = self._global_hooks
-        if global_hooks[0] or global_hooks[1]:
+        if global_hooks[0] or global_hooks[1] or global_hooks[2] or global_hooks[3]:
             return self._call_eagerly_for_global_hooks(args, kwargs)
         hooks = self._hooks
-        if hooks and (hooks[0] or hooks[1]) and self._module.__dict__.get("forward") is not self:
+        if hooks and (hooks[0] or hooks[1] or hooks[2] or hooks[3]) and self._module.__dict__.get("forward") is not self:
             return self._call_with_hooks(args, kwargs)
         first = self._first
         if first is not None:  # one variant: the common case, kept short
@@ -149,9 +153,9 @@ class ReplayedFunction:
         if not self._eager_counted:
             self._eager_counted = True
             record_fallback("global module hooks registered (run eagerly)")
-            log.warning("npu_cached: %s: global module hooks are registered (register_module_forward_hook); they "
-                        "run around every submodule, which the cached graphs inlined without them: it runs "
-                        "eagerly while they are registered", self.__qualname__)
+            log.warning("npu_cached: %s: global module hooks are registered (register_module_forward_hook, "
+                        "register_module_full_backward_hook...); they run around every submodule, which the cached "
+                        "graphs inlined without them: it runs eagerly while they are registered", self.__qualname__)
         module = self._module
         if module is not None and module.__dict__.get("forward") is not self:
             instance = module.__dict__
