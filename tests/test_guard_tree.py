@@ -48,10 +48,10 @@ class _Checks:
         self.meta = [{"expr": e, "scope": "call"} for e in exprs]
 
 
-def _python(checks: _Checks, local: dict, hooks: tuple = ({}, {})) -> bool:
+def _python(checks: _Checks, local: dict, hooks: tuple = ()) -> bool:
     """The entry's Python guard: no global module hooks, then the recorded checks as the
     Python full check evaluates them."""
-    if hooks[0] or hooks[1]:
+    if any(hooks):
         return False
     try:
         return all(eval(m["expr"], checks.namespace, {"L": local}) for m in checks.meta)  # noqa: S307 - test exprs
@@ -62,7 +62,7 @@ def _python(checks: _Checks, local: dict, hooks: tuple = ({}, {})) -> bool:
 def _agree(exprs, consts, local, changes, *, python=0, hooks=None, scope=None):
     """Build the tree from ``local``; each change (mutate, restore) is rejected by both."""
     checks = _Checks(exprs, consts, scope)
-    hooks = hooks or (collections.OrderedDict(), collections.OrderedDict())
+    hooks = hooks or tuple(collections.OrderedDict() for _ in range(4))
     tree = build_tree(checks, CODE, local, (), hooks)
     assert tree is not None, "the tree was not built"
     assert tree.python == python, f"{tree.python} checks left in Python, expected {python}"
@@ -308,7 +308,8 @@ def test_code_identity_agrees():
 
 @pytest.mark.usefixtures("forms")
 def test_global_module_hooks_and_globals_agree():
-    hooks = (collections.OrderedDict(), collections.OrderedDict())
+    # the four global hook dicts the route's Python guard checks: forward pre/post, backward pre/post
+    hooks = tuple(collections.OrderedDict() for _ in range(4))
     scope = {"FLAG": True, "mod": types.SimpleNamespace(k=3)}
     exprs = ["(___G['FLAG'] is True)", "(type(___G['mod'].k) is int and ___G['mod'].k == 3)"]
 
@@ -316,7 +317,7 @@ def test_global_module_hooks_and_globals_agree():
         return (lambda: hooks[i].__setitem__(1, print)), (lambda: hooks[i].clear())
 
     _agree(exprs, [], _local(), [
-        hook(0), hook(1),
+        hook(0), hook(1), hook(2), hook(3),
         ((lambda: scope.__setitem__("FLAG", False)), (lambda: scope.__setitem__("FLAG", True))),
         ((lambda: scope.pop("FLAG")), (lambda: scope.__setitem__("FLAG", True))),
         _setter(scope["mod"], "k", 4)], hooks=hooks, scope=scope)

@@ -385,7 +385,7 @@ def _tree(variant: Any, code: types.CodeType, func: types.FunctionType, local: d
         frees = tuple(zip(code.co_freevars, [c.cell_contents for c in func.__closure__ or ()], strict=True))
     except ValueError:
         return None
-    hooks = (nn_module._global_forward_pre_hooks, nn_module._global_forward_hooks)
+    hooks = _GLOBAL_HOOKS  # every global hook dict the Python guard checks (forward and backward)
     return build_tree(checks, code, local, frees, hooks)
 
 

@@ -568,7 +568,7 @@ def _site_call(expr: str) -> tuple[str, str, str] | None:
 
 
 def build_tree(checks: Any, code: types.CodeType, local: dict[str, Any],
-               frees: tuple[tuple[str, Any], ...], hooks: tuple[Any, Any]) -> GuardTree | None:
+               frees: tuple[tuple[str, Any], ...], hooks: tuple[Any, ...]) -> GuardTree | None:
     """A RootGuardManager that accepts exactly when the entry's Python guard does (see the
     module docstring), built from this call's frame ``local`` (which the Python checks
     accept); None where that cannot be done here."""
@@ -582,15 +582,15 @@ def build_tree(checks: Any, code: types.CodeType, local: dict[str, Any],
 
 
 def _build(api: Any, checks: Any, code: types.CodeType, local: dict[str, Any],
-           frees: tuple[tuple[str, Any], ...], hooks: tuple[Any, Any]) -> GuardTree | None:
+           frees: tuple[tuple[str, Any], ...], hooks: tuple[Any, ...]) -> GuardTree | None:
     namespace = checks.namespace
     tree = _Tree(api, code, local, namespace.get("___G"))
     # what the entry's Python guard checks before the recorded checks: global module hooks
     # (the dicts themselves, as captured), then the function's free variables by identity
-    tree.private.update(pre=hooks[0], post=hooks[1])
-    for name in ("pre", "post"):
-        manager, _ = tree.node((("private", name),))
-        manager.add_dict_length_check_guard(0, [f"no global module {name}-forward hooks"], None)
+    for i, hook_dict in enumerate(hooks):
+        tree.private[f"hooks{i}"] = hook_dict
+        manager, _ = tree.node((("private", f"hooks{i}"),))
+        manager.add_dict_length_check_guard(0, [f"no global module hooks (dict {i} of {len(hooks)})"], None)
     for name, value in frees:
         manager, _ = tree.node((("local", name),))
         tree.keep.append(value)
