@@ -349,7 +349,7 @@ WARM_PATH_MODULES = frozenset("torchair_cached_backend" + m for m in (
     ".fs_security", ".store_layout", ".store_backend", ".store", ".graph_load", ".cached_graph",
     ".compilers", ".compilers.base", ".compilers.eager", ".compilers.pycode",
     ".bypass", ".bypass.loader", ".bypass.program", ".bypass.replay", ".bypass.sources", ".bypass.signature",
-    ".bypass.code_names", ".bypass.dynamo_stub", ".bypass.guard_runtime",
+    ".bypass.code_names", ".bypass.dynamo_stub", ".bypass.guard_runtime", ".bypass.world_state",
 ))
 #: cold-side modules every warm load used to import (each split off a module a warm load still needs)
 COLD_SIDE_MODULES = tuple("torchair_cached_backend." + m for m in (
