@@ -443,13 +443,19 @@ def load(
     target = own_call(_unwrapped(target))
     if instance_forward(target) is not None:
         return _load_instance_forward(target, opts, fallback)
+    return _replay_or_compile(target, opts, fallback)
+
+
+def _replay_or_compile(target: Any, options: BackendOptions, fallback: bool) -> Callable[..., Any]:
+    """The replay of ``target``; on a miss, with ``fallback``, a stand-in that compiles it
+    (logged), else the :class:`CacheMiss`."""
     try:
-        return build_replay(target, opts)
+        return build_replay(target, options)
     except CacheMiss as miss:
         if not fallback:
             raise
         log.info("npu_cached: %s; compiling instead", miss)
-        return _stand_in(target, opts, miss)
+        return _stand_in(target, options, miss)
 
 
 def _unwrapped(target: Any) -> Any:
@@ -506,14 +512,7 @@ def _load_instance_forward(module: Any, options: BackendOptions, fallback: bool)
     compiled by Dynamo, as ``torch.compile(module)`` does."""
     forward = instance_forward(module)
     if isinstance(forward, (types.MethodType, types.FunctionType)):
-        try:
-            replay: Callable[..., Any] = build_replay(forward, options)
-        except CacheMiss as miss:
-            if not fallback:
-                raise
-            log.info("npu_cached: %s; compiling instead", miss)
-            replay = _stand_in(forward, options, miss)
-        module.__dict__["forward"] = replay
+        module.__dict__["forward"] = _replay_or_compile(forward, options, fallback)
         return module
     miss = CacheMiss(f"{type(module).__qualname__}'s forward is a {type(forward).__qualname__} set on the instance, "
                      "which is not replayed")
@@ -535,14 +534,7 @@ def _load_ddp(ddp: Any, options: BackendOptions, fallback: bool) -> Callable[...
     instance, and DDP itself is returned to be called as usual."""
     inner = ddp.module
     method = types.MethodType(type(inner).forward, inner)
-    try:
-        replay: Callable[..., Any] = build_replay(method, options)
-    except CacheMiss as miss:
-        if not fallback:
-            raise
-        log.info("npu_cached: %s; compiling instead", miss)
-        replay = _stand_in(method, options, miss)
-    inner.__dict__["forward"] = replay
+    inner.__dict__["forward"] = _replay_or_compile(method, options, fallback)
     return ddp
 
 
