@@ -48,12 +48,12 @@ from torch._dynamo.guards import GuardManagerWrapper
 from torch._dynamo.types import ConvertFrameReturn, FrameAction, FrameExecStrategy, GuardedCode, wrap_guarded_code
 from torch._dynamo.utils import orig_code_map
 from torch._guards import CompileId
-from torch.nn.modules import module as nn_module
 
 from ..logs import log
 from ..stats import record_fallback
 from .capture_hook import backend_chain, backend_options
 from .code_names import global_names, renamed
+from .replay import global_module_hooks
 from .signature import call_args
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
@@ -202,10 +202,11 @@ class ReplayingCallback(convert_frame.CatchErrorsWrapper):
             installed = _route_code(variant.fn.__code__, variant.fn.__globals__, kinds)
             if not _same_frame_layout(installed, code):
                 continue
-            guard = _guard(variant.check, code, func, receiver, options, no_checks)
-            if guard is None:
+            frees = _free_values(code, func)
+            if frees is None:
                 continue
-            tree = _tree(variant, code, func, local, options, no_checks)
+            guard = _guard(variant.check, code, frees, receiver, options, no_checks)
+            tree = _tree(variant, code, frees, local, options, no_checks)
             if variant.used is not None:  # this process replays it: its merges never evict it
                 variant.note_used()
             if tree is not None:  # every check on every call, evaluated as Dynamo evaluates its own
@@ -335,20 +336,24 @@ def _holds(check: Callable[..., bool], code: types.CodeType, local: dict[str, An
 
 
 #: nn.Module's global hook dicts (forward and backward), which the guard requires empty
-_GLOBAL_HOOKS = (nn_module._global_forward_pre_hooks, nn_module._global_forward_hooks,
-                 nn_module._global_backward_pre_hooks, nn_module._global_backward_hooks)
+_GLOBAL_HOOKS = global_module_hooks()
 
 
-def _guard(check: Callable[..., bool], code: types.CodeType, func: types.FunctionType, receiver: Any,
-           options: Any, no_checks: bool) -> Callable[[dict[str, Any]], bool] | None:
-    """The entry's guard over the frame's locals (see the module docstring). The entry is
-    the code object's, so it also holds the function's free variables by identity: one
-    decorator's wrapper code serves every method it decorates, each with its own cells."""
-    hooks = _GLOBAL_HOOKS
+def _free_values(code: types.CodeType, func: types.FunctionType) -> tuple[tuple[str, Any], ...] | None:
+    """(name, value) of the function's free variables, which the entry holds by identity (one
+    decorator's wrapper code serves every method it decorates, each with its own cells); None
+    for an empty cell or a closure that does not match the code (Dynamo's path)."""
     try:
-        frees = tuple(zip(code.co_freevars, [c.cell_contents for c in func.__closure__ or ()], strict=True))
-    except ValueError:  # an empty cell (or a closure that does not match): Dynamo's path
+        return tuple(zip(code.co_freevars, [c.cell_contents for c in func.__closure__ or ()], strict=True))
+    except ValueError:
         return None
+
+
+def _guard(check: Callable[..., bool], code: types.CodeType, frees: tuple[tuple[str, Any], ...], receiver: Any,
+           options: Any, no_checks: bool) -> Callable[[dict[str, Any]], bool]:
+    """The entry's guard over the frame's locals (see the module docstring): global module
+    hooks, the free variables ``frees`` by identity, the receiver, the recorded checks."""
+    hooks = _GLOBAL_HOOKS
     ref = weakref.ref(receiver) if receiver is not None and options.guards != "call" else None
 
     def guard(L: dict[str, Any]) -> bool:
@@ -370,8 +375,8 @@ def _guard(check: Callable[..., bool], code: types.CodeType, func: types.Functio
 USE_GUARD_TREE = os.environ.get("TCB_GUARD_TREE", "") == "1"
 
 
-def _tree(variant: Any, code: types.CodeType, func: types.FunctionType, local: dict[str, Any], options: Any,
-          no_checks: bool) -> Any:
+def _tree(variant: Any, code: types.CodeType, frees: tuple[tuple[str, Any], ...], local: dict[str, Any],
+          options: Any, no_checks: bool) -> Any:
     """The entry's guard as a C++ guard tree (``guard_tree``) for ``guards="call"``: the same
     checks as :func:`_guard`'s, each evaluated as Dynamo evaluates its own; None (the Python
     guard) for other modes, a check wrapped for a receiver-less frame, or what cannot be built."""
@@ -381,12 +386,7 @@ def _tree(variant: Any, code: types.CodeType, func: types.FunctionType, local: d
         return None
     from .guard_tree import build_tree
 
-    try:
-        frees = tuple(zip(code.co_freevars, [c.cell_contents for c in func.__closure__ or ()], strict=True))
-    except ValueError:
-        return None
-    hooks = _GLOBAL_HOOKS  # every global hook dict the Python guard checks (forward and backward)
-    return build_tree(checks, code, local, frees, hooks)
+    return build_tree(checks, code, local, frees, _GLOBAL_HOOKS)  # the hook dicts the Python guard checks
 
 
 def _same_frame_layout(installed: types.CodeType, code: types.CodeType) -> bool:

@@ -271,19 +271,11 @@ class _Builder:
             self.add(f"(not ___dict_contains({attr!r}, {e}.__dict__))", scope, f"{attr!r} not set on {desc}", kind)
         elif kind == "FAKE_SCRIPT_TYPE_MATCH" and world_state.is_process_group(value):
             # Dynamo guards a process group's type and folds its rank and size into the graph
-            state = world_state.process_group_state(value)
-            lit = self.literal(state)
-            if lit is None:
-                raise Unsupported(f"process group {desc} has a state that cannot be checked in another process")
-            self.add(f"(___pg_state({e}) == {lit})", scope, f"process group {desc} (rank, size, ranks, backend, name, "
-                     f"description) == {state}", kind, f"___pg_state({e})", state)
+            self.state_check(e, scope, kind, "process group", desc, "___pg_state", world_state.process_group_state(value),
+                             "rank, size, ranks, backend, name, description")
         elif kind == "FAKE_SCRIPT_TYPE_MATCH" and world_state.is_device_mesh(value):
-            state = world_state.device_mesh_state(value)
-            lit = self.literal(state)
-            if lit is None:
-                raise Unsupported(f"device mesh {desc} has a state that cannot be checked in another process")
-            self.add(f"(___mesh_state({e}) == {lit})", scope, f"device mesh {desc} (ranks, shape, device, dim names, "
-                     f"coordinate, groups) == {state}", kind, f"___mesh_state({e})", state)
+            self.state_check(e, scope, kind, "device mesh", desc, "___mesh_state", world_state.device_mesh_state(value),
+                             "ranks, shape, device, dim names, coordinate, groups")
         elif kind == "OPAQUE_OBJ_GUARD_FN_MATCH":
             from torch._library.opaque_object import get_opaque_obj_info
 
@@ -333,6 +325,14 @@ class _Builder:
         if callable(value) and not isinstance(value, types.ModuleType):
             self.origin(ref, value, desc)
         return f"({e} is {ref})"
+
+    def state_check(self, e: str, scope: str, kind: str, what: str, desc: str, reader: str, state: Any,
+                    fields: str) -> None:
+        """``reader(e) == state``: a process group or device mesh checked by its state (``fields``)."""
+        lit = self.literal(state)
+        if lit is None:
+            raise Unsupported(f"{what} {desc} has a state that cannot be checked in another process")
+        self.add(f"({reader}({e}) == {lit})", scope, f"{what} {desc} ({fields}) == {state}", kind, f"{reader}({e})", state)
 
     def origin(self, ref: str, value: Any, desc: str) -> None:
         """The object a constant finds by its import path is the one captured, not a

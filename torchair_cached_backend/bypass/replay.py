@@ -46,6 +46,16 @@ def always(*args: Any, **kwargs: Any) -> bool:
     return True
 
 
+def global_module_hooks() -> tuple[dict[Any, Any], ...]:
+    """nn.Module's global hook dicts (forward and backward; torch mutates them in place). They
+    run around every submodule, which the cached graphs inlined, and torch.compile breaks the
+    graph at every module call while one is registered: a replay requires them all empty."""
+    from torch.nn.modules import module as nn_module
+
+    return (nn_module._global_forward_pre_hooks, nn_module._global_forward_hooks,
+            nn_module._global_backward_pre_hooks, nn_module._global_backward_hooks)
+
+
 class ReplayedFunction:
     """A function replayed from cache: each call goes to the first variant whose
     guards hold for it, else to Dynamo (lazily compiled, caching as it goes)."""
@@ -60,8 +70,6 @@ class ReplayedFunction:
         original: Callable[..., Any] | None = None,
         miss: str | None = None,
     ) -> None:
-        from torch.nn.modules import module as nn_module
-
         self._variants = variants
         self._self = bound_self
         self._prefix = () if bound_self is None else (bound_self,)
@@ -75,10 +83,7 @@ class ReplayedFunction:
         if module is not None:  # the module's own hooks, run by nn.Module.__call__ (backward ones too)
             self._hooks = (module._forward_pre_hooks, module._forward_hooks, module._backward_pre_hooks,
                            module._backward_hooks)
-        # global ones run around every submodule, which the cached graphs inlined (backward ones
-        # too: torch.compile breaks the graph at every module call while one is registered)
-        self._global_hooks = (nn_module._global_forward_pre_hooks, nn_module._global_forward_hooks,
-                              nn_module._global_backward_pre_hooks, nn_module._global_backward_hooks)
+        self._global_hooks = global_module_hooks()
         self._first = variants[0] if len(variants) == 1 else None
         self.__qualname__ = self.__name__ = qualname
 
