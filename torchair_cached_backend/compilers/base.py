@@ -1,7 +1,9 @@
 """The narrow protocol every inner compiler implements: hash, compile, load.
 
 The backend never looks inside an artifact; it only stores the files and the
-JSON metadata an inner compiler hands it, and gives them back on a hit.
+JSON metadata an inner compiler hands it, and gives them back on a hit. What a warm
+load needs of it, :class:`Artifact`, lives in the ``compilers`` package (re-exported
+here): a warm start never imports this module.
 """
 
 from __future__ import annotations
@@ -9,35 +11,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
+from . import Artifact  # noqa: F401  (re-exported: the compilers' artifact, defined with the warm side)
+
 if TYPE_CHECKING:  # keep torch.fx out of import time
     import torch
 
     from ..options import BackendOptions
 
 
-# Plain slotted classes, not dataclasses: these modules are on the warm path, and
-# each @dataclass costs ~0.5 ms at import (it execs generated methods).
-class Artifact:
-    """What an inner compiler stores for one graph.
-
-    ``files`` are opaque blobs (name -> bytes), checksummed by the store.
-    ``meta`` must be JSON-serializable; it is written into the manifest.
-    ``root`` is set by the store on load: the directory holding ``files`` on
-    disk, already verified against their checksums (a compiler may dlopen/exec
-    them in place).
-    """
-
-    __slots__ = ("files", "meta", "root")
-
-    def __init__(self, files: dict[str, bytes], meta: dict[str, Any] | None = None, root: str | None = None) -> None:
-        self.files = files
-        self.meta = {} if meta is None else meta
-        self.root = root
-
-    def __repr__(self) -> str:
-        return f"Artifact(files={sorted(self.files)}, meta_keys={sorted(self.meta)}, root={self.root!r})"
-
-
+# A plain slotted class, not a dataclass: a @dataclass costs ~0.5 ms at import.
 class CompileResult:
     """``fn`` serves the cold process; ``artifact`` is what a warm process loads.
 

@@ -16,13 +16,13 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .. import code_codec
-from . import pycode
-from .base import Artifact
+from . import load_code
 
 if TYPE_CHECKING:
     import torch
 
     from ..options import BackendOptions
+    from . import Artifact
     from .base import CompileResult
 
 SOURCE = "graph.py"
@@ -111,7 +111,7 @@ def _load_graph(files: dict[str, bytes], prefix: str, namespace: dict[str, Any])
 
 
 def _exec_forward(files: dict[str, bytes], prefix: str, namespace: dict[str, Any]) -> Callable[..., Any]:
-    exec(pycode.load_code(files, prefix + SOURCE, f"<npu_cached eager graph {prefix}{SOURCE}>"), namespace)
+    exec(load_code(files, prefix + SOURCE, f"<npu_cached eager graph {prefix}{SOURCE}>"), namespace)
     return namespace["forward"]
 
 
