@@ -1,16 +1,18 @@
 """Loading one stored graph: the read side of the backend, what a warm load imports.
 
 ``backend`` (key -> store -> load, or compile and store) uses these on every graph
-too; the bypass loader imports only this module, never the compile side.
+too; the bypass loader imports only this module, never the compile side. Also the
+callable both sides hand out, :class:`CachedGraph` (``cached_graph`` re-exports it for
+the compile side and the capture, which recognizes it in a frame's globals).
 """
 
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
-from .cached_graph import CachedGraph
-from .compilers.base import Artifact
+from .compilers import Artifact
 from .logs import log
 from .stats import record
 from .store import Store
@@ -18,6 +20,26 @@ from .store import Store
 if TYPE_CHECKING:
     from .compilers.base import InnerCompiler
     from .options import BackendOptions
+
+
+class CachedGraph:
+    """The callable Dynamo installs as ``__compiled_fn_*``; carries its cache key
+    so the bypass capture can find which stored graph a frame calls."""
+
+    __slots__ = ("fn", "key", "compiler", "cached", "reason", "options", "input_dims", "__weakref__")
+
+    def __init__(self, fn: Callable[..., Any], key: str, compiler: str, cached: bool, reason: str | None = None) -> None:
+        self.fn = fn
+        self.key = key
+        self.compiler = compiler
+        self.cached = cached
+        self.reason = reason  # why it is not cached (the capture says so when it refuses the frame)
+        self.options: BackendOptions | None = None
+        #: frame-local name -> dims (int static, None symbolic), for the bypass input check
+        self.input_dims: dict[str, list[int | None]] = {}
+
+    def __call__(self, *args: Any) -> Any:
+        return self.fn(*args)
 
 
 def graph_store(options: BackendOptions) -> Store:
