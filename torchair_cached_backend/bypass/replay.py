@@ -1,7 +1,8 @@
 """What a replayed function is at run time: variant dispatch and the graph-break stand-ins.
 
 ``ReplayedFunction`` calls the first variant whose per-call guards hold (else
-compiles the call with Dynamo, once, lazily); ``ResumeDispatch`` /
+compiles the call with Dynamo, once, lazily: ``replay_fallback``, with the other calls
+that do not replay); ``ResumeDispatch`` /
 ``ResumeFactory`` / ``ResumeRouter`` (``replay_resume``, imported by programs with
 graph breaks only; re-exported here) stand in for Dynamo's resume functions after a
 graph break (else run the original continuation eagerly). Everything here runs on
@@ -13,11 +14,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..logs import log
-from ..stats import record_fallback
 from .guard_runtime import GuardChecks
 from .program import note_used
-from .signature import InputSignatureError
 
 _MISSING = object()
 
@@ -123,15 +121,13 @@ class ReplayedFunction:
         return self._fall_back(args, kwargs)
 
     def _binds(self, variant: Variant, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
-        """A TypeError from a check is either a guard that does not apply (False) or
-        arguments the function does not take (the caller's error, raised as such)."""
+        """A TypeError from a check: a guard that does not apply (False), or arguments the
+        function does not take (``replay_fallback`` raises the caller's error)."""
         if variant.checks is None:
             return False
-        try:
-            variant.checks.bind(*self._prefix, *args, **kwargs)
-        except TypeError as exc:
-            raise InputSignatureError(f"{self.__qualname__}(): {exc}") from None
-        return False
+        from .replay_fallback import binds
+
+        return binds(self, variant.checks, args, kwargs)
 
     def _call_with_hooks(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Module hooks run around ``forward`` in ``nn.Module.__call__``: run them
@@ -152,48 +148,17 @@ class ReplayedFunction:
                 instance["forward"] = previous
 
     def _call_eagerly_for_global_hooks(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """Global module hooks (``register_module_forward_hook``) run around every
-        submodule call in eager; the replayed graphs inlined the submodules without
-        them. Never replay then: run the original function (a counted fallback)."""
-        if not self._eager_counted:
-            self._eager_counted = True
-            record_fallback("global module hooks registered (run eagerly)")
-            log.warning("npu_cached: %s: global module hooks are registered (register_module_forward_hook, "
-                        "register_module_full_backward_hook...); they run around every submodule, which the cached "
-                        "graphs inlined without them: it runs eagerly while they are registered", self.__qualname__)
-        module = self._module
-        if module is not None and module.__dict__.get("forward") is not self:
-            instance = module.__dict__
-            previous = instance.pop("forward", _MISSING)  # our own dispatch lambda, when called from the hooks path
-            try:
-                return module(*args, **kwargs)
-            finally:
-                if previous is not _MISSING:
-                    instance["forward"] = previous
-        if self._original is None:
-            return self._dispatch(args, kwargs)
-        return self._original(*self._prefix, *args, **kwargs)
+        from .replay_fallback import call_eagerly_for_global_hooks
+
+        return call_eagerly_for_global_hooks(self, args, kwargs)
 
     def _fall_back(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        if self._compiled is None:
-            if self._miss is None:  # (a miss was counted and logged by load())
-                reasons = self._why_no_variant(args, kwargs)
-                record_fallback("no cached variant matches the call")
-                log.warning(
-                    "npu_cached: %s: no cached variant fits this call (%s); compiling it with Dynamo (the cache "
-                    "gains this variant)", self.__qualname__, "; ".join(reasons[:3]) or "no variant",
-                )
-            self._compiled = self._fallback_factory()
-        return self._compiled(*args, **kwargs)
+        compiled = self._compiled
+        if compiled is None:
+            from .replay_fallback import compile_fallback
 
-    def _why_no_variant(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[str]:
-        reasons = []
-        for variant in self._variants:
-            if variant.checks is not None:
-                full = variant.check is variant.checks.full
-                failed = variant.checks.call_failures((*self._prefix, *args), kwargs, full)
-                reasons.append(failed[0] if failed else "a guard failed")
-        return reasons
+            compiled = self._compiled = compile_fallback(self, args, kwargs)
+        return compiled(*args, **kwargs)
 
 
 #: the graph-break stand-ins (``replay_resume``): imported with the first program that has a graph break
