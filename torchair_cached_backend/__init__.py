@@ -12,13 +12,16 @@ from __future__ import annotations
 import os as _os
 from typing import Any
 
-from .options import BackendOptions, OptionError, parse_options
 from .registry import BACKEND_NAME, register, register_if_dynamo_loaded
-from .stats import CacheStats, reset_stats, stats
+from .stats import CacheStats, reset_stats, stats  # here, first: a later first import would set ``stats`` to the module
 
 __version__ = "0.1.0"
 
+#: public names imported on first use (the package's import is registration and stats only)
 _LAZY = {
+    "BackendOptions": ("options", "BackendOptions"),
+    "OptionError": ("options", "OptionError"),
+    "parse_options": ("options", "parse_options"),
     "npu_cached": ("backend", "npu_cached"),
     "make_backend": ("backend", "make_backend"),
     "cache_compile": ("drop_in", "cache_compile"),
@@ -46,10 +49,7 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "BACKEND_NAME",
-    "BackendOptions",
     "CacheStats",
-    "OptionError",
-    "parse_options",
     "register",
     "reset_stats",
     "stats",
