@@ -11,8 +11,8 @@ each ``load()``/``cache_compile`` load prints, after the replay's first call::
     | first call 2.90 ms (check 0.02, run 2.88) | imported before the load: 2.10 ms (14 modules)
 
 Phases are exclusive (an inner phase's time is not counted in the outer one), so they
-add up to the load's total: ``imports`` our modules imported during the load (reading
-and unmarshalling their code, running their bodies), ``read`` the entry files, ``verify`` their sha256,
+add up to the load's total: ``imports`` our modules imported during the load (finding,
+reading and unmarshalling their code, running their bodies; always shown), ``read`` the entry files, ``verify`` their sha256,
 ``decode`` manifests, bytecode and guard constants, ``checks`` build the guard
 functions, ``guards`` evaluate load-time guards (with how many checks the generated
 functions hold: a check repeated per layer is one check in a loop), ``graphs`` load the compiled graphs
@@ -67,7 +67,7 @@ class _Load:
 
     def line(self) -> str:
         ms = 1e3
-        shown = [p for p in PHASES if p in self.phases or p not in ("callees", "imports")]
+        shown = [p for p in PHASES if p in self.phases or p != "callees"]
         parts = [f"{p} {self.phases.get(p, 0.0) * ms:.2f}" for p in shown]
         if self.checks:
             parts[shown.index("guards")] += f" ({self.checks} checks)"
@@ -109,12 +109,12 @@ def _timers() -> list[float]:
     return timers
 
 
-def _exclusive(call: Callable[[], Any], record: Callable[[float], None]) -> Any:
-    """``call()``, its time less the phases nested in it given to ``record`` (and the whole
-    of it counted as nested in the phase around it)."""
+def _exclusive(call: Callable[[], Any], record: Callable[[float], None], started: float | None = None) -> Any:
+    """``call()``, its time (since ``started``, default now) less the phases nested in it
+    given to ``record`` (and the whole of it counted as nested in the phase around it)."""
     timers = _timers()
     timers.append(0.0)
-    t0 = time.perf_counter()
+    t0 = time.perf_counter() if started is None else started
     try:
         return call()
     finally:
@@ -274,12 +274,15 @@ def _outside_import(seconds: float) -> None:
 
 
 class _TimedLoader:
-    """A module loader of ours whose ``exec_module`` is timed as the ``imports`` phase
-    (outside a load: kept for the next line); everything else is the real loader's."""
+    """A module loader of ours whose import is timed as the ``imports`` phase (outside a
+    load: kept for the next line), from the finders' search (``found_at``) to the end of
+    the module's body: finding, reading, unmarshalling, running; everything else is the
+    real loader's."""
 
-    def __init__(self, loader: Any, name: str) -> None:
+    def __init__(self, loader: Any, name: str, found_at: float) -> None:
         self._loader = loader
         self._name = name
+        self._found_at = found_at
 
     def __getattr__(self, attr: str) -> Any:
         return getattr(self._loader, attr)
@@ -291,9 +294,10 @@ class _TimedLoader:
         loads = _loads()
         if loads:
             loads[-1].modules += 1
-            _exclusive(lambda: self._loader.exec_module(module), lambda seconds: loads[-1].add("imports", seconds))
+            _exclusive(lambda: self._loader.exec_module(module), lambda seconds: loads[-1].add("imports", seconds),
+                       self._found_at)
         else:
-            _exclusive(lambda: self._loader.exec_module(module), _outside_import)
+            _exclusive(lambda: self._loader.exec_module(module), _outside_import, self._found_at)
         _wrap_targets(self._name)
 
 
@@ -304,6 +308,7 @@ class _ImportTimer:
     def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
         if not name.startswith(PACKAGE + "."):
             return None
+        t0 = time.perf_counter()
         for finder in sys.meta_path:
             find = getattr(finder, "find_spec", None)
             if finder is self or find is None:
@@ -311,7 +316,7 @@ class _ImportTimer:
             spec = find(name, path, target)
             if spec is not None:
                 if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-                    spec.loader = _TimedLoader(spec.loader, name)
+                    spec.loader = _TimedLoader(spec.loader, name, t0)
                 return spec
         return None
 
