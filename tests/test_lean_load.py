@@ -78,3 +78,62 @@ def test_depth_bound_is_exact(kind):
     store_layout._check_depth([[1], [[2]]], limit=3)
     with pytest.raises(store_layout.JsonBoundsError):
         store_layout._check_depth([[1], [[[2]]]], limit=3)
+
+
+def _make(src: str, cell: object = "cache") -> object:
+    """A function ``f`` built from ``src`` inside a maker whose closure holds ``cell``."""
+    namespace: dict = {}
+    exec(compile(f"def maker(cell):\n{src}\n    return f\n", "<lean>", "exec"), namespace)  # noqa: S102
+    return namespace["maker"](cell)
+
+
+_BODY = "    def f(x, scale=2.0, *, mode='a'):\n        return (x * scale, mode, cell)"
+
+
+def test_function_digest_catches_each_change():
+    from torchair_cached_backend.bypass.guard_runtime import _fn_digest
+
+    base = _fn_digest(_make(_BODY))
+    assert _fn_digest(_make(_BODY)) == base  # the same function made again
+    changed = [
+        _make(_BODY.replace("x * scale", "x + scale")),  # the body
+        _make(_BODY.replace("scale=2.0", "scale=3.0")),  # a default
+        _make(_BODY.replace("scale=2.0", "scale=2")),  # a default's type (2 == 2.0)
+        _make(_BODY.replace("mode='a'", "mode='b'")),  # a keyword-only default
+        _make(_BODY, cell="other"),  # a closure value
+        _make(_BODY, cell=True),  # a closure value of another type (True == 1)
+        _make("    def f(x, scale=2.0, *, mode='a'):\n        return (x, scale, mode, cell)"),  # same name, other code
+    ]
+    digests = [_fn_digest(fn) for fn in changed]
+    assert base not in digests and len(set(digests)) == len(digests)
+    one, true = _make(_BODY, cell=1), _make(_BODY, cell=True)
+    assert _fn_digest(one) != _fn_digest(true)
+    fn = _make(_BODY)
+    fn.__defaults__ = (5.0,)  # reassigned in place: the memo does not hide it
+    assert _fn_digest(fn) not in (base, *digests)
+
+
+def test_function_digest_does_not_depend_on_string_interning():
+    import sys
+
+    from torchair_cached_backend.bypass.guard_runtime import _fn_digest
+
+    interned = sys.intern("cache_value")
+    built = "".join(["cache", "_value"])
+    assert built == interned and built is not interned
+    assert _fn_digest(_make(_BODY, cell=interned)) == _fn_digest(_make(_BODY, cell=built))
+    nested = (built, {"k": [built, 1.5, None]})
+    assert _fn_digest(_make(_BODY, cell=nested)) == _fn_digest(_make(_BODY, cell=(interned, {"k": [interned, 1.5, None]})))
+
+
+def test_function_digest_is_the_same_in_a_fresh_process():
+    import subprocess
+    import sys
+
+    from torchair_cached_backend.bypass.guard_runtime import _fn_digest
+
+    script = (f"import sys; sys.path.insert(0, {str(__import__('pathlib').Path(__file__).parent)!r}); "
+              "import test_lean_load as t; from torchair_cached_backend.bypass.guard_runtime import _fn_digest; "
+              "print(_fn_digest(t._make(t._BODY, cell=('a', {'b': [1, 2.5]}))))")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == _fn_digest(_make(_BODY, cell=("a", {"b": [1, 2.5]})))

@@ -18,6 +18,7 @@ import hashlib
 import importlib
 import importlib.util
 import json
+import marshal
 import math
 import operator
 import os
@@ -36,8 +37,9 @@ from . import world_state
 #: bumped when the generated check module's contract changes (3: the blob holds the
 #: checks, the full check and the explanations as separate parts; 4: a check repeated per
 #: item of a module list is one check in a loop over the items; 5: reads shared by guards bound
-#: once, resolved-method guards as memoizing sites, ``___dict_has``)
-CHECKS_FORMAT = 5
+#: once, resolved-method guards as memoizing sites, ``___dict_has``; 6: a function's bound
+#: values digested from their marshal form, not their JSON text)
+CHECKS_FORMAT = 6
 _BLOB_MAGIC = b"npu_cached guards 4\0"
 _SIZES = struct.Struct("<3Q")
 
@@ -311,7 +313,9 @@ def _resolved_site(name: str, digest: str) -> Callable[[Any], bool]:
 
 def _bound_digest(fn: Any) -> str:
     """sha256 of the values bound to ``fn`` as :func:`fingerprint.describe_value` describes
-    them (:func:`_describe`: the same description, faster for the common values)."""
+    them (:func:`_describe`: the same description, faster for the common values), written
+    by marshal (equal descriptions write equal bytes: their dicts are built in a fixed or
+    sorted order, so the JSON writer's key sort added nothing but time)."""
     cells = []
     for cell in fn.__closure__ or ():
         try:
@@ -319,7 +323,11 @@ def _bound_digest(fn: Any) -> str:
         except ValueError:  # an empty cell
             cells.append("<empty>")
     bound = [_describe(fn.__defaults__, 0), _describe(fn.__kwdefaults__, 0), cells]
-    return hashlib.sha256(json.dumps(bound, sort_keys=True, default=str).encode()).hexdigest()[:32]
+    try:  # marshal format 0: bytes by type and value alone (no references, no interning marks); ~5x faster
+        blob = b"m" + marshal.dumps(bound, 0)
+    except ValueError:  # a value marshal cannot write (describe_value returns JSON data; never seen)
+        blob = b"j" + json.dumps(bound, sort_keys=True, default=str).encode()
+    return hashlib.sha256(blob).hexdigest()[:32]
 
 
 _PLAIN = (bool, int, float, str)
