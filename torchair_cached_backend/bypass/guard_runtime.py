@@ -44,14 +44,6 @@ _BLOB_MAGIC = b"npu_cached guards 4\0"
 _SIZES = struct.Struct("<3Q")
 
 
-def pack_checks(checks: bytes, full: bytes, meta: list[dict[str, Any]]) -> bytes:
-    """One guards blob: the load-path checks, then zlib-compressed (fewer bytes to read and
-    hash at every start) the full check and the explanations (JSON), decompressed on use."""
-    meta_json = json.dumps(meta, separators=(",", ":"), default=str).encode()
-    parts = (checks, zlib.compress(full, 6), zlib.compress(meta_json, 6))
-    return _BLOB_MAGIC + _SIZES.pack(*map(len, parts)) + b"".join(parts)
-
-
 def unpack_checks(blob: bytes) -> tuple[bytes, bytes, bytes]:
     """The three parts of :func:`pack_checks`; CodecError for anything else."""
     head = len(_BLOB_MAGIC) + _SIZES.size
@@ -72,11 +64,6 @@ def _inflate(part: bytes | None) -> bytes:
     except zlib.error as exc:
         raise code_codec.CodecError(f"a part of the guards blob does not decompress ({exc})",
                                     fix="it is rebuilt by the next compile") from None
-
-
-def checks_meta(blob: bytes) -> list[dict[str, Any]]:
-    """The guards' explanations stored in a guards blob (for ``readable_cache``)."""
-    return json.loads(_inflate(unpack_checks(blob)[2]))
 
 
 def _odict_getitem(d: Any, key: Any) -> Any:
@@ -255,59 +242,11 @@ def _bound_same(nodes: list[tuple[Any, ...]]) -> bool:
     return True
 
 
-class ResolvedSite:
-    """One ``___fn_digest(___resolved(owner, name)) == digest`` guard of a generated check,
-    with a memo of the last resolution that held: the owner, its ``__mro__`` (replaced when
-    ``__bases__`` is assigned), the class dicts (live views) before the defining class, which
-    must still not define ``name``, the defining class's entry, and the function's bound
-    state (:func:`_bound_snapshot`). Re-validated by identity on every call; anything else
-    takes the full path, which re-resolves and re-digests."""
-
-    __slots__ = ("name", "digest", "memo")
-
-    def __init__(self, name: str, digest: str) -> None:
-        self.name = name
-        self.digest = digest
-        self.memo: tuple[Any, ...] | None = None
-
-    def holds(self, owner: Any) -> bool:
-        memo = self.memo
-        if memo and owner is memo[0] and owner.__mro__ is memo[1]:
-            name = self.name
-            for proxy in memo[2]:
-                if name in proxy:
-                    break
-            else:
-                raw, fn = memo[3].get(name, _MISSING), memo[5]
-                if raw is memo[4] and (raw is fn or unwrap_attribute(raw) is fn) and _bound_same(memo[6]):
-                    return True
-        return self._resolve(owner)
-
-    def _resolve(self, owner: Any) -> bool:
-        """The guard as written (resolve, digest), memoized from its second evaluation on (a
-        check evaluated once, at load, does not pay for the memo)."""
-        if self.memo is None:
-            self.memo = ()
-            return _fn_digest(_resolved(owner, self.name)) == self.digest
-        name = self.name
-        mro = owner.__mro__
-        before = []
-        for klass in mro:
-            proxy = klass.__dict__
-            raw = proxy.get(name, _MISSING)
-            if raw is not _MISSING:
-                break
-            before.append(proxy)
-        else:
-            return _fn_digest(None) == self.digest
-        fn = unwrap_attribute(raw)
-        digest, nodes = _fn_digest_and_state(fn)  # the state read before the digest
-        ok = digest == self.digest
-        self.memo = (owner, mro, tuple(before), proxy, raw, fn, nodes) if ok and nodes is not None else ()
-        return ok
-
-
 def _resolved_site(name: str, digest: str) -> Callable[[Any], bool]:
+    """A memoizing ``___fn_digest(___resolved(owner, name)) == digest`` site of a full check
+    (:class:`~.guard_cold.ResolvedSite`; the load-time check has none)."""
+    from .guard_cold import ResolvedSite
+
     return ResolvedSite(name, digest).holds
 
 
@@ -542,44 +481,17 @@ class GuardChecks:
         return self.failures(local, ("load",)) or ["a load-time guard fails"]
 
     def failures(self, local: dict[str, Any], scopes: tuple[str, ...]) -> list[str]:
-        """Descriptions of the guards of ``scopes`` that fail for the frame locals ``local`` (slow path)."""
-        failed = []
-        for meta in self.meta:
-            if meta["scope"] not in scopes:
-                continue
-            try:
-                ok = bool(self._eval(meta["expr"], local))
-            except Exception as exc:  # the object the guard reads is gone or changed shape
-                failed.append(f"{meta['desc']} ({type(exc).__name__}: {exc})")
-                continue
-            if not ok:
-                failed.append(self._describe(meta, local))
-        return failed
+        """Descriptions of the guards of ``scopes`` that fail for the frame locals ``local``
+        (slow path: ``guard_cold``)."""
+        from .guard_cold import failures
 
-    def _eval(self, expr: str, local: dict[str, Any]) -> Any:
-        return eval(expr, self.namespace, {"L": local})  # noqa: S307 - our own stored, checksummed expression
-
-    def _describe(self, meta: dict[str, Any], local: dict[str, Any]) -> str:
-        """``self.scale: 2.0 -> 3.0`` where the guard reads a value, else the guard itself."""
-        if meta.get("edited"):
-            return f"{meta['desc']} was edited since it was cached"
-        if "reader" not in meta:
-            return f"{meta['desc']} no longer holds"
-        try:
-            value = self._eval(meta["reader"], local)
-            now = value if meta["kind"] == "TENSOR_MATCH" else short(value)
-        except Exception as exc:
-            now = f"<{type(exc).__name__}>"
-        what = meta["desc"].split(" == ")[0].split(" (dtype")[0]
-        return f"{what}: {meta.get('was', '?')} -> {now}"
+        return failures(self, local, scopes)
 
     def call_failures(self, args: tuple[Any, ...], kwargs: dict[str, Any], full: bool) -> list[str]:
         """Per-call guards that fail for these arguments (for the log line; slow path)."""
-        try:
-            local = self.bind(*args, **kwargs)
-        except TypeError as exc:
-            return [f"arguments do not bind: {exc}"]
-        return self.failures(local, ("load", "call") if full else ("call",))
+        from .guard_cold import call_failures
+
+        return call_failures(self, args, kwargs, full)
 
 
 def _bind_defaults(fn: Any, defaults: tuple[Any, ...] | None, kwdefaults: dict[str, Any] | None) -> None:
@@ -587,21 +499,6 @@ def _bind_defaults(fn: Any, defaults: tuple[Any, ...] | None, kwdefaults: dict[s
     merged = dict(fn.__kwdefaults__ or {})
     merged.update(kwdefaults or {})
     fn.__kwdefaults__ = merged or None
-
-
-def short(value: Any) -> str:
-    """A process-independent, short rendering of a guarded value (no addresses)."""
-    if isinstance(value, torch.Tensor):
-        return _tensor_meta(value)
-    if isinstance(value, (types.FunctionType, types.BuiltinFunctionType, type, types.MethodType)):
-        return f"<{type(value).__name__} {getattr(value, '__module__', '?')}.{getattr(value, '__qualname__', '?')}>"
-    if isinstance(value, types.ModuleType):
-        return f"<module {value.__name__}>"
-    try:
-        text = repr(value)
-    except Exception:
-        text = f"<{type(value).__qualname__}>"
-    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def receiver_locals(ref: str | None, value: Any) -> dict[str, Any]:
@@ -712,3 +609,15 @@ def decode_const(desc: Any) -> Any:
     if isinstance(desc, dict) and desc.get("kind") == "typename":
         return desc["name"]
     return code_codec.decode_value(desc)
+
+
+#: what only capture, a failing guard, a full check or the tools use (``guard_cold``), on first use
+_COLD_SIDE = frozenset({"pack_checks", "checks_meta", "ResolvedSite", "short"})
+
+
+def __getattr__(name: str) -> Any:
+    if name in _COLD_SIDE:
+        from . import guard_cold
+
+        return getattr(guard_cold, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
