@@ -34,7 +34,7 @@ from .. import code_codec, graph_load
 from ..compilers import get_compiler
 from ..logs import log, warn_once
 from ..options import BackendOptions, parse_options
-from ..stats import record, record_fallback
+from ..stats import record
 from .code_names import renamed
 from .dynamo_stub import module_for
 from .guard_runtime import CHECKS_FORMAT, GuardChecks, build_checks, receiver_locals
@@ -439,9 +439,13 @@ def load(
     opts = parse_options(dict(options, cache_dir=cache_dir, compiler=compiler, check_inputs=check_inputs))
     target = module_call_target(target)
     if _is_ddp(target):
+        from .loader_routes import _load_ddp
+
         return _load_ddp(target, opts, fallback)
     target = own_call(_unwrapped(target))
     if instance_forward(target) is not None:
+        from .loader_routes import _load_instance_forward
+
         return _load_instance_forward(target, opts, fallback)
     return _replay_or_compile(target, opts, fallback)
 
@@ -455,6 +459,8 @@ def _replay_or_compile(target: Any, options: BackendOptions, fallback: bool) -> 
         if not fallback:
             raise
         log.info("npu_cached: %s; compiling instead", miss)
+        from .loader_miss import _stand_in
+
         return _stand_in(target, options, miss)
 
 
@@ -504,101 +510,21 @@ def instance_forward(target: Any) -> Any:
     return forward
 
 
-def _load_instance_forward(module: Any, options: BackendOptions, fallback: bool) -> Any:
-    """``load()`` of a module whose instance ``forward`` is what its calls run: that forward is
-    replayed (a bound method or function: Dynamo compiled its frame), installed as the
-    instance's ``forward``, and the module returned, so ``nn.Module.__call__`` runs its hooks
-    around the replay as before. Any other callable (a partial) is not replayed: it is
-    compiled by Dynamo, as ``torch.compile(module)`` does."""
-    forward = instance_forward(module)
-    if isinstance(forward, (types.MethodType, types.FunctionType)):
-        module.__dict__["forward"] = _replay_or_compile(forward, options, fallback)
-        return module
-    miss = CacheMiss(f"{type(module).__qualname__}'s forward is a {type(forward).__qualname__} set on the instance, "
-                     "which is not replayed")
-    if not fallback:
-        raise miss
-    log.info("npu_cached: %s; compiling instead", miss)
-    return _stand_in(module, options, miss)
-
-
 def _is_ddp(target: Any) -> bool:
     ddp = getattr(sys.modules.get("torch.nn.parallel"), "DistributedDataParallel", None)
     return ddp is not None and isinstance(target, ddp)
 
 
-def _load_ddp(ddp: Any, options: BackendOptions, fallback: bool) -> Callable[..., Any]:
-    """``load()`` of a ``DistributedDataParallel`` module: Dynamo compiles the wrapped
-    module's forward (DDP's own forward runs as Python, its bucketing and gradient
-    hooks included), so the wrapped module's forward is replayed, installed on the
-    instance, and DDP itself is returned to be called as usual."""
-    inner = ddp.module
-    method = types.MethodType(type(inner).forward, inner)
-    inner.__dict__["forward"] = _replay_or_compile(method, options, fallback)
-    return ddp
-
-
-def _stand_in(target: Any, options: BackendOptions, miss: CacheMiss) -> ReplayedFunction:
-    """A miss served by compiling (``loader_miss``): counted, every call compiled by Dynamo."""
-    from .loader_miss import _compiling_stand_in
-
-    record_fallback(_reason_kind(str(miss)))
-    return _compiling_stand_in(target, options, str(miss))
-
-
-def _reason_kind(message: str) -> str:
-    """A short, countable reason for ``stats().fallback_reasons``."""
-    for needle, kind in (
-        ("no cached program", "nothing cached"),
-        ("was edited", "function edited"),
-        ("code changed", "traced code changed"),
-        ("specialized on changed", "guards failed at load"),
-        ("not replayable when captured", "not replayable"),
-        ("other settings", "compiled under other settings"),
-        ("parameters/buffers changed", "parameters changed"),
-        ("another format", "older cache format"),
-        ("set on the instance", "instance forward not replayed"),
-    ):
-        if needle in message:
-            return kind
-    return "other"
-
-
-#: what only a miss needs (``loader_miss``), re-exported on first use
-_MISS_SIDE = frozenset({"_why_missing", "_compiling_stand_in"})
+#: what only a miss (``loader_miss``), a DDP module or an instance forward (``loader_routes``) or the
+#: backend route (``loader_frames``) needs: re-exported on first use, never imported by a plain hit
+_ELSEWHERE = {"_why_missing": "loader_miss", "_compiling_stand_in": "loader_miss", "_stand_in": "loader_miss",
+              "_reason_kind": "loader_miss", "_load_ddp": "loader_routes", "_load_instance_forward": "loader_routes",
+              "build_frame_variants": "loader_frames"}
 
 
 def __getattr__(name: str) -> Any:
-    if name in _MISS_SIDE:
-        from . import loader_miss
+    if name in _ELSEWHERE:
+        import importlib
 
-        return getattr(loader_miss, name)
+        return getattr(importlib.import_module(f"{__package__}.{_ELSEWHERE[name]}"), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def build_frame_variants(
-    func: types.FunctionType, bound_self: Any, options: BackendOptions
-) -> tuple[list[Variant], dict[str, Any], dict[str, str]]:
-    """For the backend route (``frame_install``): the variants :func:`build_replay` serves for
-    ``func`` bound to ``bound_self`` (same key, same checks), without a ``ReplayedFunction``,
-    fallback or callee installation (Dynamo's frame cache serves those); plus the program and
-    the kind of every global its frames read. An empty list with ``program["eager_root"]``: the
-    frame runs as Python. Raises :class:`CacheMiss` saying why."""
-    t0 = time.perf_counter()
-    key, files, program, name = _cached_program(func, bound_self, options)
-    builder = _ReplayBuilder(files, program, options, func, bound_self, key)
-    variants, rejected = [], []
-    for variant in reversed(program.get("variants", [])):
-        if (builder.frames.get(variant.get("root")) or {}).get("wrapper"):
-            rejected.append("it was compiled through a wrapper frame")
-            continue
-        try:
-            variants.append(builder.variant(variant))
-        except _Rejected as exc:
-            rejected.append(str(exc))
-    if not variants and not (program.get("eager_root") and not rejected):
-        raise CacheMiss(f"cached program for {name} does not fit: {' | '.join(dict.fromkeys(rejected)) or 'no variant'}")
-    kinds = {g: d.get("kind", "") for f in builder.frames.values() for g, d in f.get("globals", {}).items()}
-    kinds.update({ours: "callee" for ours in builder.renames.values()})
-    record(bypass_loads=1, load_seconds=time.perf_counter() - t0)
-    return variants, program, kinds
