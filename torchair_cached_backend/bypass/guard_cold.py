@@ -1,5 +1,5 @@
 """What the guards' warm path does not run: the capture side's blob packing, the explanations
-of a failing guard, the memoizing sites of a full check, and the tools' views.
+of a failing guard, and the tools' views.
 
 Split off ``guard_runtime`` so a warm start (its guards hold; it runs the load-time and
 per-call checks) never reads these bytes; ``guard_runtime`` re-exports the public names
@@ -17,17 +17,11 @@ import torch
 
 from .guard_runtime import (
     _BLOB_MAGIC,
-    _MISSING,
     _SIZES,
     GuardChecks,
-    _bound_same,
-    _fn_digest,
-    _fn_digest_and_state,
     _inflate,
-    _resolved,
     _tensor_meta,
     unpack_checks,
-    unwrap_attribute,
 )
 
 
@@ -42,58 +36,6 @@ def pack_checks(checks: bytes, full: bytes, meta: list[dict[str, Any]]) -> bytes
 def checks_meta(blob: bytes) -> list[dict[str, Any]]:
     """The guards' explanations stored in a guards blob (for ``readable_cache``)."""
     return json.loads(_inflate(unpack_checks(blob)[2]))
-
-
-class ResolvedSite:
-    """One ``___fn_digest(___resolved(owner, name)) == digest`` guard of a generated check,
-    with a memo of the last resolution that held: the owner, its ``__mro__`` (replaced when
-    ``__bases__`` is assigned), the class dicts (live views) before the defining class, which
-    must still not define ``name``, the defining class's entry, and the function's bound
-    state (:func:`_bound_snapshot`). Re-validated by identity on every call; anything else
-    takes the full path, which re-resolves and re-digests."""
-
-    __slots__ = ("name", "digest", "memo")
-
-    def __init__(self, name: str, digest: str) -> None:
-        self.name = name
-        self.digest = digest
-        self.memo: tuple[Any, ...] | None = None
-
-    def holds(self, owner: Any) -> bool:
-        memo = self.memo
-        if memo and owner is memo[0] and owner.__mro__ is memo[1]:
-            name = self.name
-            for proxy in memo[2]:
-                if name in proxy:
-                    break
-            else:
-                raw, fn = memo[3].get(name, _MISSING), memo[5]
-                if raw is memo[4] and (raw is fn or unwrap_attribute(raw) is fn) and _bound_same(memo[6]):
-                    return True
-        return self._resolve(owner)
-
-    def _resolve(self, owner: Any) -> bool:
-        """The guard as written (resolve, digest), memoized from its second evaluation on (a
-        check evaluated once, at load, does not pay for the memo)."""
-        if self.memo is None:
-            self.memo = ()
-            return _fn_digest(_resolved(owner, self.name)) == self.digest
-        name = self.name
-        mro = owner.__mro__
-        before = []
-        for klass in mro:
-            proxy = klass.__dict__
-            raw = proxy.get(name, _MISSING)
-            if raw is not _MISSING:
-                break
-            before.append(proxy)
-        else:
-            return _fn_digest(None) == self.digest
-        fn = unwrap_attribute(raw)
-        digest, nodes = _fn_digest_and_state(fn)  # the state read before the digest
-        ok = digest == self.digest
-        self.memo = (owner, mro, tuple(before), proxy, raw, fn, nodes) if ok and nodes is not None else ()
-        return ok
 
 
 def failures(checks: GuardChecks, local: dict[str, Any], scopes: tuple[str, ...]) -> list[str]:

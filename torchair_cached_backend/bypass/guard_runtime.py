@@ -242,11 +242,59 @@ def _bound_same(nodes: list[tuple[Any, ...]]) -> bool:
     return True
 
 
-def _resolved_site(name: str, digest: str) -> Callable[[Any], bool]:
-    """A memoizing ``___fn_digest(___resolved(owner, name)) == digest`` site of a full check
-    (:class:`~.guard_cold.ResolvedSite`; the load-time check has none)."""
-    from .guard_cold import ResolvedSite
+class ResolvedSite:
+    """One ``___fn_digest(___resolved(owner, name)) == digest`` guard of a generated check,
+    with a memo of the last resolution that held: the owner, its ``__mro__`` (replaced when
+    ``__bases__`` is assigned), the class dicts (live views) before the defining class, which
+    must still not define ``name``, the defining class's entry, and the function's bound
+    state (:func:`_bound_snapshot`). Re-validated by identity on every call; anything else
+    takes the full path, which re-resolves and re-digests."""
 
+    __slots__ = ("name", "digest", "memo")
+
+    def __init__(self, name: str, digest: str) -> None:
+        self.name = name
+        self.digest = digest
+        self.memo: tuple[Any, ...] | None = None
+
+    def holds(self, owner: Any) -> bool:
+        memo = self.memo
+        if memo and owner is memo[0] and owner.__mro__ is memo[1]:
+            name = self.name
+            for proxy in memo[2]:
+                if name in proxy:
+                    break
+            else:
+                raw, fn = memo[3].get(name, _MISSING), memo[5]
+                if raw is memo[4] and (raw is fn or unwrap_attribute(raw) is fn) and _bound_same(memo[6]):
+                    return True
+        return self._resolve(owner)
+
+    def _resolve(self, owner: Any) -> bool:
+        """The guard as written (resolve, digest), memoized from its second evaluation on (a
+        check evaluated once, at load, does not pay for the memo)."""
+        if self.memo is None:
+            self.memo = ()
+            return _fn_digest(_resolved(owner, self.name)) == self.digest
+        name = self.name
+        mro = owner.__mro__
+        before = []
+        for klass in mro:
+            proxy = klass.__dict__
+            raw = proxy.get(name, _MISSING)
+            if raw is not _MISSING:
+                break
+            before.append(proxy)
+        else:
+            return _fn_digest(None) == self.digest
+        fn = unwrap_attribute(raw)
+        digest, nodes = _fn_digest_and_state(fn)  # the state read before the digest
+        ok = digest == self.digest
+        self.memo = (owner, mro, tuple(before), proxy, raw, fn, nodes) if ok and nodes is not None else ()
+        return ok
+
+
+def _resolved_site(name: str, digest: str) -> Callable[[Any], bool]:
     return ResolvedSite(name, digest).holds
 
 
@@ -611,8 +659,8 @@ def decode_const(desc: Any) -> Any:
     return code_codec.decode_value(desc)
 
 
-#: what only capture, a failing guard, a full check or the tools use (``guard_cold``), on first use
-_COLD_SIDE = frozenset({"pack_checks", "checks_meta", "ResolvedSite", "short"})
+#: what only capture, a failing guard or the tools use (``guard_cold``), on first use
+_COLD_SIDE = frozenset({"pack_checks", "checks_meta", "short"})
 
 
 def __getattr__(name: str) -> Any:

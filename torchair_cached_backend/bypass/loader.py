@@ -515,11 +515,28 @@ def _is_ddp(target: Any) -> bool:
     return ddp is not None and isinstance(target, ddp)
 
 
-#: what only a miss (``loader_miss``), a DDP module or an instance forward (``loader_routes``) or the
-#: backend route (``loader_frames``) needs: re-exported on first use, never imported by a plain hit
+def _reason_kind(message: str) -> str:
+    """A short, countable reason for ``stats().fallback_reasons``."""
+    for needle, kind in (
+        ("no cached program", "nothing cached"),
+        ("was edited", "function edited"),
+        ("code changed", "traced code changed"),
+        ("specialized on changed", "guards failed at load"),
+        ("not replayable when captured", "not replayable"),
+        ("other settings", "compiled under other settings"),
+        ("parameters/buffers changed", "parameters changed"),
+        ("another format", "older cache format"),
+        ("set on the instance", "instance forward not replayed"),
+    ):
+        if needle in message:
+            return kind
+    return "other"
+
+
+#: what only a miss (``loader_miss``) or a DDP module or an instance forward (``loader_routes``)
+#: needs: re-exported on first use, never imported by a plain hit
 _ELSEWHERE = {"_why_missing": "loader_miss", "_compiling_stand_in": "loader_miss", "_stand_in": "loader_miss",
-              "_reason_kind": "loader_miss", "_load_ddp": "loader_routes", "_load_instance_forward": "loader_routes",
-              "build_frame_variants": "loader_frames"}
+              "_load_ddp": "loader_routes", "_load_instance_forward": "loader_routes"}
 
 
 def __getattr__(name: str) -> Any:
@@ -528,3 +545,31 @@ def __getattr__(name: str) -> Any:
 
         return getattr(importlib.import_module(f"{__package__}.{_ELSEWHERE[name]}"), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def build_frame_variants(
+    func: types.FunctionType, bound_self: Any, options: BackendOptions
+) -> tuple[list[Variant], dict[str, Any], dict[str, str]]:
+    """For the backend route (``frame_install``): the variants :func:`build_replay` serves for
+    ``func`` bound to ``bound_self`` (same key, same checks), without a ``ReplayedFunction``,
+    fallback or callee installation (Dynamo's frame cache serves those); plus the program and
+    the kind of every global its frames read. An empty list with ``program["eager_root"]``: the
+    frame runs as Python. Raises :class:`CacheMiss` saying why."""
+    t0 = time.perf_counter()
+    key, files, program, name = _cached_program(func, bound_self, options)
+    builder = _ReplayBuilder(files, program, options, func, bound_self, key)
+    variants, rejected = [], []
+    for variant in reversed(program.get("variants", [])):
+        if (builder.frames.get(variant.get("root")) or {}).get("wrapper"):
+            rejected.append("it was compiled through a wrapper frame")
+            continue
+        try:
+            variants.append(builder.variant(variant))
+        except _Rejected as exc:
+            rejected.append(str(exc))
+    if not variants and not (program.get("eager_root") and not rejected):
+        raise CacheMiss(f"cached program for {name} does not fit: {' | '.join(dict.fromkeys(rejected)) or 'no variant'}")
+    kinds = {g: d.get("kind", "") for f in builder.frames.values() for g, d in f.get("globals", {}).items()}
+    kinds.update({ours: "callee" for ours in builder.renames.values()})
+    record(bypass_loads=1, load_seconds=time.perf_counter() - t0)
+    return variants, program, kinds

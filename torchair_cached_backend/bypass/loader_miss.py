@@ -15,7 +15,7 @@ from typing import Any
 from .. import code_codec
 from ..options import BackendOptions
 from ..stats import record_fallback
-from .loader import CacheMiss, _torch_compile_fallback, resolve_target
+from .loader import CacheMiss, _reason_kind, _torch_compile_fallback, resolve_target
 from .program import PROGRAM_FORMAT
 from .replay import ReplayedFunction
 
@@ -74,21 +74,3 @@ def _stand_in(target: Any, options: BackendOptions, miss: CacheMiss) -> Replayed
     """A miss served by compiling (``loader_miss``): counted, every call compiled by Dynamo."""
     record_fallback(_reason_kind(str(miss)))
     return _compiling_stand_in(target, options, str(miss))
-
-
-def _reason_kind(message: str) -> str:
-    """A short, countable reason for ``stats().fallback_reasons``."""
-    for needle, kind in (
-        ("no cached program", "nothing cached"),
-        ("was edited", "function edited"),
-        ("code changed", "traced code changed"),
-        ("specialized on changed", "guards failed at load"),
-        ("not replayable when captured", "not replayable"),
-        ("other settings", "compiled under other settings"),
-        ("parameters/buffers changed", "parameters changed"),
-        ("another format", "older cache format"),
-        ("set on the instance", "instance forward not replayed"),
-    ):
-        if needle in message:
-            return kind
-    return "other"
