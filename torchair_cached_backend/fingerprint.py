@@ -7,7 +7,6 @@ imports the other.
 from __future__ import annotations
 
 import hashlib
-import re
 from typing import Any
 
 
@@ -45,7 +44,7 @@ def function_digest(fn: Any) -> str:
 # --------------------------------------------------------------- callables with bound values
 #: code object -> fingerprint (code objects are immutable; weak so REPL churn is freed)
 _CODE_DIGESTS: Any = None
-_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+_ADDRESS: Any = None  # `` at 0x7f...`` in a repr; compiled on first use (a warm start rarely needs it)
 _MAX_DEPTH = 4
 _MAX_HASHED_NUMEL = 1 << 16
 
@@ -146,11 +145,20 @@ def describe_value(value: Any, _depth: int = 0) -> Any:
     if callable(value) and not isinstance(value, torch.nn.Module):
         return describe_callable(value, _depth + 1)
     if isinstance(value, torch.nn.Module):  # a module's weights are not a setting; its structure is
-        return {"module": qualified_name(type(value)), "repr": _ADDRESS.sub("", repr(value))}
+        return {"module": qualified_name(type(value)), "repr": _without_addresses(repr(value))}
     attrs = getattr(value, "__dict__", None)
     if isinstance(attrs, dict):
         return {"type": qualified_name(type(value)), "state": describe_value(attrs, _depth + 1)}
-    return _ADDRESS.sub("", repr(value))
+    return _without_addresses(repr(value))
+
+
+def _without_addresses(text: str) -> str:
+    global _ADDRESS
+    if _ADDRESS is None:
+        import re
+
+        _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+    return _ADDRESS.sub("", text)
 
 
 def callable_digest(fn: Any) -> str:

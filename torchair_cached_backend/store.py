@@ -30,7 +30,7 @@ from . import fs_security as fs
 from . import store_backend as backend_mod
 from .fs_security import fcntl  # noqa: F401
 from .fs_security import flock as _flock  # noqa: F401
-from .store_backend import KILL_STAGES, LocalDir, StorageBackend  # noqa: F401  (re-exported)
+from .store_backend import KILL_STAGES, LocalDir  # noqa: F401  (re-exported)
 from .store_layout import (  # noqa: F401  (the public names callers import from here)
     FILES_DIR,
     KINDS,
@@ -293,7 +293,7 @@ class Store:
 
 #: names callers import from here that live on the write side or with the faults: imported on first use
 _LAZY = {"default_lock_timeout": "store_write", "_UNWRITABLE": "store_faults", "report": "store_faults",
-         "write_blocker": "store_faults"}
+         "write_blocker": "store_faults", "StorageBackend": "store_protocol"}
 
 
 def __getattr__(name: str) -> Any:

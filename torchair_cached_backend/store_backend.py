@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections import OrderedDict
-from typing import Any, Protocol
+from typing import Any
 
 from . import fs_security as fs
 from .store_layout import (
@@ -40,39 +40,6 @@ from .store_layout import (
 KILL_STAGES = ("between_blobs", "after_manifest", "before_rename", "after_rename")
 #: test seam: called with (kind, key) after an entry was verified, before its bytes are used
 AFTER_VERIFY: list[Any] = []
-
-
-class StorageBackend(Protocol):
-    """Entries of one cache root by (kind, key). A remote tier implements this."""
-
-    root: str
-
-    def writable(self) -> bool:
-        """Whether publish/remove may be attempted (found without writing)."""
-        ...
-
-    def read(self, kind: str, key: str) -> Entry | None:
-        """The verified entry, None if absent. BrokenEntry (with ``identity``) if it
-        fails a check, OSError for a fault, CacheSecurityError for a foreign object."""
-        ...
-
-    def read_manifest(self, kind: str, key: str) -> dict[str, Any] | None:
-        """The parsed, schema-checked manifest only (no blob read)."""
-        ...
-
-    def publish(self, kind: str, key: str, files: dict[str, bytes], manifest: dict[str, Any], *,
-                replace: bool = False) -> bool:
-        """Publish atomically. Without ``replace`` an existing entry wins (True if one
-        is there). With ``replace`` the old entry is swapped out only after the new
-        one is complete. Raises OSError for a fault (nothing published)."""
-        ...
-
-    def keys(self, kind: str) -> list[str]:
-        ...
-
-    def remove(self, kind: str, key: str) -> bool:
-        """Unpublish then delete; False if absent."""
-        ...
 
 
 _ROOT_FDS: OrderedDict[str, int] = OrderedDict()
@@ -297,3 +264,11 @@ def _exists_at(kfd: int, key: str, *, entry_only: bool = True) -> bool:
         return not entry_only
     finally:
         os.close(efd)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "StorageBackend":  # the protocol (``store_protocol``): for type checkers and remote tiers
+        from .store_protocol import StorageBackend
+
+        return StorageBackend
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

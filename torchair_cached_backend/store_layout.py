@@ -111,17 +111,17 @@ def _no_constant(name: str) -> Any:
 
 def _check_depth(obj: Any, limit: int = MAX_DEPTH) -> None:
     """Iteratively, a level at a time: no recursion, whatever the document."""
-    level = [obj] if isinstance(obj, (dict, list)) else []
+    level = [obj] if isinstance(obj, _CONTAINERS) else []
     depth = 0
     while level:
         depth += 1
         if depth > limit:
             raise JsonBoundsError(f"nesting deeper than {limit}")
-        nested = []
-        for item in level:
-            values = item.values() if type(item) is dict else item
-            nested += [v for v in values if isinstance(v, (dict, list))]
-        level = nested
+        level = [v for item in level for v in (item.values() if type(item) is dict else item)
+                 if isinstance(v, _CONTAINERS)]  # one comprehension per level, not one per container
+
+
+_CONTAINERS = (dict, list)
 
 
 def loads_bounded(raw: bytes | str) -> Any:

@@ -33,7 +33,8 @@ import torch
 from .. import code_codec
 from . import world_state
 from .guard_codegen import LOCAL_RE, Unsupported, self_test, signature_params, source_module, without_lines
-from .guard_runtime import CHECKS_FORMAT, HELPERS, function_modes, pack_checks, short, unwrap_attribute
+from .guard_cold import pack_checks, short
+from .guard_runtime import CHECKS_FORMAT, HELPERS, function_modes, unwrap_attribute
 from .process_state import process_state_reads
 
 #: guard types that read process-global state, not a source

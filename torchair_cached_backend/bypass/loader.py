@@ -34,7 +34,7 @@ from .. import code_codec, graph_load
 from ..compilers import get_compiler
 from ..logs import log, warn_once
 from ..options import BackendOptions, parse_options
-from ..stats import record, record_fallback
+from ..stats import record
 from .code_names import renamed
 from .dynamo_stub import module_for
 from .guard_runtime import CHECKS_FORMAT, GuardChecks, build_checks, receiver_locals
@@ -439,9 +439,13 @@ def load(
     opts = parse_options(dict(options, cache_dir=cache_dir, compiler=compiler, check_inputs=check_inputs))
     target = module_call_target(target)
     if _is_ddp(target):
+        from .loader_routes import _load_ddp
+
         return _load_ddp(target, opts, fallback)
     target = own_call(_unwrapped(target))
     if instance_forward(target) is not None:
+        from .loader_routes import _load_instance_forward
+
         return _load_instance_forward(target, opts, fallback)
     return _replay_or_compile(target, opts, fallback)
 
@@ -455,6 +459,8 @@ def _replay_or_compile(target: Any, options: BackendOptions, fallback: bool) -> 
         if not fallback:
             raise
         log.info("npu_cached: %s; compiling instead", miss)
+        from .loader_miss import _stand_in
+
         return _stand_in(target, options, miss)
 
 
@@ -504,46 +510,9 @@ def instance_forward(target: Any) -> Any:
     return forward
 
 
-def _load_instance_forward(module: Any, options: BackendOptions, fallback: bool) -> Any:
-    """``load()`` of a module whose instance ``forward`` is what its calls run: that forward is
-    replayed (a bound method or function: Dynamo compiled its frame), installed as the
-    instance's ``forward``, and the module returned, so ``nn.Module.__call__`` runs its hooks
-    around the replay as before. Any other callable (a partial) is not replayed: it is
-    compiled by Dynamo, as ``torch.compile(module)`` does."""
-    forward = instance_forward(module)
-    if isinstance(forward, (types.MethodType, types.FunctionType)):
-        module.__dict__["forward"] = _replay_or_compile(forward, options, fallback)
-        return module
-    miss = CacheMiss(f"{type(module).__qualname__}'s forward is a {type(forward).__qualname__} set on the instance, "
-                     "which is not replayed")
-    if not fallback:
-        raise miss
-    log.info("npu_cached: %s; compiling instead", miss)
-    return _stand_in(module, options, miss)
-
-
 def _is_ddp(target: Any) -> bool:
     ddp = getattr(sys.modules.get("torch.nn.parallel"), "DistributedDataParallel", None)
     return ddp is not None and isinstance(target, ddp)
-
-
-def _load_ddp(ddp: Any, options: BackendOptions, fallback: bool) -> Callable[..., Any]:
-    """``load()`` of a ``DistributedDataParallel`` module: Dynamo compiles the wrapped
-    module's forward (DDP's own forward runs as Python, its bucketing and gradient
-    hooks included), so the wrapped module's forward is replayed, installed on the
-    instance, and DDP itself is returned to be called as usual."""
-    inner = ddp.module
-    method = types.MethodType(type(inner).forward, inner)
-    inner.__dict__["forward"] = _replay_or_compile(method, options, fallback)
-    return ddp
-
-
-def _stand_in(target: Any, options: BackendOptions, miss: CacheMiss) -> ReplayedFunction:
-    """A miss served by compiling (``loader_miss``): counted, every call compiled by Dynamo."""
-    from .loader_miss import _compiling_stand_in
-
-    record_fallback(_reason_kind(str(miss)))
-    return _compiling_stand_in(target, options, str(miss))
 
 
 def _reason_kind(message: str) -> str:
@@ -564,15 +533,17 @@ def _reason_kind(message: str) -> str:
     return "other"
 
 
-#: what only a miss needs (``loader_miss``), re-exported on first use
-_MISS_SIDE = frozenset({"_why_missing", "_compiling_stand_in"})
+#: what only a miss (``loader_miss``) or a DDP module or an instance forward (``loader_routes``)
+#: needs: re-exported on first use, never imported by a plain hit
+_ELSEWHERE = {"_why_missing": "loader_miss", "_compiling_stand_in": "loader_miss", "_stand_in": "loader_miss",
+              "_load_ddp": "loader_routes", "_load_instance_forward": "loader_routes"}
 
 
 def __getattr__(name: str) -> Any:
-    if name in _MISS_SIDE:
-        from . import loader_miss
+    if name in _ELSEWHERE:
+        import importlib
 
-        return getattr(loader_miss, name)
+        return getattr(importlib.import_module(f"{__package__}.{_ELSEWHERE[name]}"), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

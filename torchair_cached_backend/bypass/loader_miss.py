@@ -14,7 +14,8 @@ from typing import Any
 
 from .. import code_codec
 from ..options import BackendOptions
-from .loader import _torch_compile_fallback, resolve_target
+from ..stats import record_fallback
+from .loader import CacheMiss, _reason_kind, _torch_compile_fallback, resolve_target
 from .program import PROGRAM_FORMAT
 from .replay import ReplayedFunction
 
@@ -67,3 +68,9 @@ def _compiling_stand_in(target: Any, options: BackendOptions, why: str) -> Calla
     name = getattr(func, "__qualname__", None) or func.__name__
     return ReplayedFunction([], bound_self, name, _torch_compile_fallback(target, options), module,
                             original=func, miss=why)
+
+
+def _stand_in(target: Any, options: BackendOptions, miss: CacheMiss) -> ReplayedFunction:
+    """A miss served by compiling (``loader_miss``): counted, every call compiled by Dynamo."""
+    record_fallback(_reason_kind(str(miss)))
+    return _compiling_stand_in(target, options, str(miss))

@@ -125,11 +125,36 @@ def tensor_state(obj: Any) -> dict[str, list[Any]] | None:
 
     if not isinstance(obj, torch.nn.Module):
         return None
+    module = torch.nn.Module
+    cls = type(obj)
+    if (cls.named_parameters is not module.named_parameters or cls.named_buffers is not module.named_buffers
+            or cls._named_members is not module._named_members):
+        pairs = (("param:", obj.named_parameters()), ("buffer:", obj.named_buffers()))
+    else:  # what those two walks yield, from one walk of the submodules (the warm path: ~2x faster)
+        modules = list(obj.named_modules())
+        pairs = (("param:", _members(modules, "_parameters")), ("buffer:", _members(modules, "_buffers")))
     state = {}
-    for prefix, tensors in (("param:", obj.named_parameters()), ("buffer:", obj.named_buffers())):
+    text: dict[Any, str] = {}  # dtype / device -> its name (a handful per model)
+    for prefix, tensors in pairs:
         for name, t in tensors:
-            state[prefix + name] = [list(t.shape), str(t.dtype), str(t.device)]
+            dtype, device = t.dtype, t.device
+            state[prefix + name] = [list(t.shape), text.get(dtype) or text.setdefault(dtype, str(dtype)),
+                                    text.get(device) or text.setdefault(device, str(device))]
     return state
+
+
+def _members(modules: list[tuple[str, Any]], attr: str) -> list[tuple[str, Any]]:
+    """``nn.Module._named_members`` over ``modules`` (``named_modules()``): each tensor of
+    the ``attr`` dicts once, under the first name it is found by, None entries skipped."""
+    seen: set[int] = set()
+    out = []
+    for prefix, module in modules:
+        for key, value in getattr(module, attr).items():
+            if value is None or id(value) in seen:
+                continue
+            seen.add(id(value))
+            out.append((f"{prefix}.{key}" if prefix else key, value))
+    return out
 
 
 def tensor_state_difference(old: dict[str, list[Any]], new: dict[str, list[Any]]) -> list[str]:
