@@ -11,13 +11,22 @@ per-rank programs):
 * ``<p>:l:<kind>:<ns><key>`` - the fleet-wide compile lock: ``SET NX PX`` with a
   lease the holder renews; it expires when the holder dies or is stopped;
 * ``<p>:r:<kind>:<key>:<cache>`` - a graph's sealed run-time cache (GE's compiled
-  model, torchair's static kernels), published by the node that sealed it: a record
-  as above whose files are the seal and every file it lists, the seal checked
-  against them (and bound to the entry) on fetch.
+  model, torchair's static kernels, often GBs), published by the node that sealed it:
+  a record as above whose files are the seal and every file it lists, each with the
+  sha256 of each of its chunks, stored at ``<p>:c:<chunk sha256>``.
 
-A reader verifies the record (signature when a key is set) and every blob's
-size and sha256 before anything is written locally; programs are merged with a
-``WATCH``/``MULTI`` compare-and-set (the bypass's own merge), never overwritten.
+No round trip moves much more than ``chunk`` bytes (4 MiB by default: one SET or GET of
+a chunk, or a pipeline / MGET of small blobs up to that size), so each stays well inside
+the socket timeout and memory holds a few chunks, whatever the size. Blobs and chunks
+are content-addressed and written first; the record, written last, is what makes an
+entry visible, so an upload that dies midway is never seen as complete (a newer
+record replaces an older one whole). A reader verifies the record (signature when a
+key is set) and every blob's size and sha256 before anything is written locally; a
+run-time cache's record must list exactly the files its seal lists, and each chunk
+(its digest) and each file (its seal's size and sha256) is checked as it streams into a
+staging directory renamed into place only when all passed (``runtime_carry.py``).
+Programs are merged with a ``WATCH``/``MULTI`` compare-and-set (the bypass's own
+merge), never overwritten.
 
 Every fault (server down or slow, refused auth, out of memory, an evicted or
 corrupt entry) is a miss or a skipped publish with one warning per cause and a
@@ -55,7 +64,7 @@ _PARAMS = {
     "lease": 30.0,         # seconds a compile lock lives without renewal
     "wait": None,          # seconds a node waits for another's compile (default: the lock timeout)
     "retry_after": 30.0,   # seconds the remote is skipped after a connection fault
-    "chunk": 8 << 20,      # blobs above this many bytes are stored in chunks
+    "chunk": 4 << 20,      # bytes: blobs above it are stored in chunks; no round trip moves much more
     "prefix": "tcb",
 }
 _RENEW_LUA = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) end return 0"
@@ -279,11 +288,12 @@ class RedisRemote:
     def _fetch_blobs(self, conn: Any, kind: str, key: str, body: dict[str, Any]) -> dict[str, bytes]:
         """Every blob of a record, each checked against its size and sha256."""
         names = list(body["files"])
-        wanted: list[str] = []
+        wanted: list[tuple[str, int]] = []
         for name in names:
             info = body["files"][name]
-            wanted += self._bkeys(info["sha256"], info["chunks"])
-        values = conn.mget(wanted) if wanted else []
+            keys = self._bkeys(info["sha256"], info["chunks"])
+            wanted += [(bkey, -(-info["size"] // len(keys))) for bkey in keys]
+        values = self._mget_bounded(conn, wanted)
         record(remote_bytes_in=sum(len(v) for v in values if v))
         files: dict[str, bytes] = {}
         pos = 0
@@ -299,6 +309,38 @@ class RedisRemote:
                 raise RemoteError("corrupt", f"blob {name!r} of {kind}/{key[:12]} fails its size/sha256 check")
             files[name] = data
         return files
+
+    def _mget_bounded(self, conn: Any, wanted: list[tuple[str, int]]) -> list[Any]:
+        """MGET of ``(key, expected size)`` in round trips of about ``chunk`` bytes each (one
+        reply of a whole large entry could not arrive within the socket timeout on a slow link)."""
+        limit = int(self.params["chunk"])
+        values: list[Any] = []
+        batch: list[str] = []
+        size = 0
+        for bkey, expect in wanted:
+            if batch and size + expect > limit:
+                values += conn.mget(batch)
+                batch, size = [], 0
+            batch.append(bkey)
+            size += expect
+        if batch:
+            values += conn.mget(batch)
+        return values
+
+    def _set_bounded(self, conn: Any, blobs: dict[str, bytes]) -> None:
+        """SET every blob in pipelines of about ``chunk`` bytes each (each one round trip well inside
+        the socket timeout). Blobs are content-addressed: the record, set after them, is what
+        makes an entry visible, so a publish that dies midway is never seen as complete."""
+        limit = int(self.params["chunk"])
+        pipe = conn.pipeline(transaction=False)
+        size = 0
+        for bkey, data in blobs.items():
+            if size and size + len(data) > limit:
+                pipe.execute()
+                size = 0
+            pipe.set(bkey, data)
+            size += len(data)
+        pipe.execute()
 
     # -- operations (none raises) --------------------------------------------
     def get(self, kind: str, key: str) -> tuple[dict[str, Any], dict[str, bytes]] | None:
@@ -441,6 +483,8 @@ class RedisRemote:
             except SealMismatch as exc:  # what streamed in is not the file its seal lists
                 self.fault(RemoteError("corrupt", f"{where}: {exc}"), f"read {where}")
                 raise
+            except OSError:  # a local fault writing it (disk full...): not the remote's (logged by the installer)
+                raise
             except Exception as exc:
                 self.fault(exc, f"read {where}")
                 raise
@@ -457,16 +501,14 @@ class RedisRemote:
             return False
 
     def put(self, kind: str, key: str, files: dict[str, bytes], manifest: dict[str, Any]) -> bool:
-        """Publish blobs then the record in one transaction; False on a fault."""
+        """Publish the blobs (bounded round trips), then the record; False on a fault."""
         if not self.available():
             return False
         try:
             raw, blobs = self._record(kind, key, files, manifest)
-            pipe = self.client().pipeline(transaction=True)
-            for bkey, data in blobs.items():
-                pipe.set(bkey, data)
-            pipe.set(self._mkey(kind, key), raw)
-            pipe.execute()
+            conn = self.client()
+            self._set_bounded(conn, blobs)
+            conn.set(self._mkey(kind, key), raw)
             self._refused.discard((kind, key))
             record(remote_bytes_out=len(raw) + sum(len(v) for v in blobs.values()), remote_published=1)
             return True
@@ -503,9 +545,8 @@ class RedisRemote:
                                 log.info("npu_cached: remote %s/%s replaced: %s", kind, key[:12], exc)
                         merged, merged_files = merger(old, old_files, manifest, files)
                         raw_new, blobs = self._record(kind, key, merged_files, merged)
+                        self._set_bounded(self.client(), blobs)  # content-addressed: only the record is swapped
                         pipe.multi()
-                        for bkey, data in blobs.items():
-                            pipe.set(bkey, data)
                         pipe.set(mkey, raw_new)
                         pipe.execute()
                         self._refused.discard((kind, key))

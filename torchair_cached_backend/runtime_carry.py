@@ -213,8 +213,6 @@ class Staging:
 
     @staticmethod
     def _write_file(dfd: int, name: str, rel: str, chunks: Iterable[bytes], size: int, digest: str) -> None:
-        from .fs_write import write_all
-
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
         fd = os.open(name, flags, fs.FILE_MODE, dir_fd=dfd)
         sha, got = hashlib.sha256(), 0
@@ -224,7 +222,9 @@ class Staging:
                 if got > size:
                     raise SealMismatch(f"{rel!r} is longer than its seal says ({size} bytes)")
                 sha.update(data)
-                write_all(fd, data)
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view):]
             if got != size or sha.hexdigest() != digest:
                 raise SealMismatch(f"{rel!r} fails its size/sha256 check against its seal")
             os.fsync(fd)
