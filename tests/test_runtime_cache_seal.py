@@ -132,23 +132,55 @@ def test_bundle_refuses_a_run_time_cache_its_seal_does_not_list(entry, tmp_path)
     assert not os.path.exists(str(tmp_path / "target" / "graphs" / KEY))
 
 
-def test_remote_refuses_a_run_time_cache_its_seal_does_not_list(entry, redis_server, monkeypatch):
+class _Carried:
+    """A run-time cache as another node might publish it: any bytes under a seal."""
+
+    def __init__(self, seal_raw: bytes, files: dict[str, bytes], subdir: str = "ge_cache") -> None:
+        self.subdir, self.seal_raw, self.data = subdir, seal_raw, files
+        self.files = {rel: (len(b), hashlib.sha256(b).hexdigest()) for rel, b in files.items()}
+
+    def open(self, rel: str):
+        return io.BytesIO(self.data[rel])
+
+
+def _other_entry(tmp_path, name: str = "other") -> str:
+    path = Store(str(tmp_path / name), "graphs").save(KEY, {"torchair_graph.py": b"print(1)\n"}, {"compiler": "torchair"})
+    return os.path.join(path, "files")
+
+
+def _fetched(url: str, files_dir: str) -> dict[str, bytes] | None:
+    """What a fresh node installs from the remote: {path: bytes} of its ge_cache, None when nothing."""
     from torchair_cached_backend.remote import RedisRemote
 
+    found = RedisRemote(url).get_runtime("graphs", KEY, rc.SUBDIRS)
+    if "ge_cache" not in found or not rc.install(files_dir, "ge_cache", *found["ge_cache"]):
+        return None
+    out = {}
+    for dirpath, _, names in os.walk(os.path.join(files_dir, "ge_cache")):
+        for n in names:
+            full = os.path.join(dirpath, n)
+            out[os.path.relpath(full, os.path.join(files_dir, "ge_cache"))] = open(full, "rb").read()
+    return out
+
+
+def test_remote_refuses_a_run_time_cache_its_seal_does_not_list(entry, redis_server, monkeypatch, tmp_path):
+    from torchair_cached_backend.remote import RedisRemote
+    from torchair_cached_backend.runtime_carry import sealed_caches
+
     _sealed(entry)
-    (found, notes) = rc.collect(entry)
-    seal_raw, data = found["ge_cache"]
-    remote = RedisRemote(redis_server.url(db=41))
-    assert remote.put_runtime("graphs", KEY, "ge_cache", seal_raw, data)
-    assert remote.get_runtime("graphs", KEY, rc.SUBDIRS) == {"ge_cache": (seal_raw, data)}
+    found, notes = sealed_caches(entry)
+    url = redis_server.url(db=41)
+    remote = RedisRemote(url)
+    assert remote.put_runtime("graphs", KEY, found["ge_cache"])
+    assert _fetched(url, _other_entry(tmp_path, "a")) == {"m.om": b"model-1"}
     reset_stats()
-    other = RedisRemote(redis_server.url(db=41))
-    assert other.put_runtime("graphs", KEY, "ge_cache", seal_raw, {"m.om": b"evil-model"})  # blobs match, seal not
-    assert RedisRemote(redis_server.url(db=41)).get_runtime("graphs", KEY, rc.SUBDIRS) == {}
+    other = RedisRemote(url)
+    assert other.put_runtime("graphs", KEY, _Carried(found["ge_cache"].seal_raw, {"m.om": b"evil-model"}))
+    assert _fetched(url, _other_entry(tmp_path, "b")) is None  # blobs match the record, not the seal
     monkeypatch.setenv("TORCHAIR_CACHE_KEY", "secret")  # with a key set, the unsigned record is refused too
-    assert remote.put_runtime("graphs", KEY, "ge_cache", seal_raw, data) is True
+    assert remote.put_runtime("graphs", KEY, found["ge_cache"]) is True
     monkeypatch.setenv("TORCHAIR_CACHE_KEY", "another")
-    assert RedisRemote(redis_server.url(db=41)).get_runtime("graphs", KEY, rc.SUBDIRS) == {}
+    assert _fetched(url, _other_entry(tmp_path, "c")) is None
     assert stats().remote_faults == 2
 
 
@@ -213,8 +245,9 @@ def test_a_cache_set_aside_is_taken_from_the_fleet_before_ge_rebuilds_it(entry, 
 
     url = redis_server.url(db=42)
     _sealed(entry, b"the fleet's model")
-    (found, _) = rc.collect(entry)
-    assert RedisRemote(url).put_runtime("graphs", KEY, "ge_cache", *found["ge_cache"])  # another node sealed it
+    from torchair_cached_backend.runtime_carry import sealed_caches
+
+    assert RedisRemote(url).put_runtime("graphs", KEY, sealed_caches(entry)[0]["ge_cache"])  # another node sealed it
     with open(os.path.join(entry, "ge_cache", "m.om"), "wb") as f:
         f.write(b"the fleet's modeL")  # this node's copy rots
     root = os.path.dirname(os.path.dirname(os.path.dirname(entry)))

@@ -38,6 +38,7 @@ from . import fs_security as fs
 from . import runtime_cache
 from .inventory import _MAX_DEPTH, find_entries
 from .logs import log
+from .runtime_carry import Sealed, sealed_caches
 from .store import (
     FILES_DIR,
     KINDS,
@@ -144,6 +145,7 @@ def pack(cache_dir: str, bundle: str, *, compression: str | None = None, key: st
     try:
         with os.fdopen(fd, "wb") as out:
             with tarfile.open(fileobj=out, mode=mode, format=tarfile.PAX_FORMAT) as tar:
+                tar.copybufsize = _CHUNK  # members are streamed in these pieces, never read whole
                 for item in located:
                     try:
                         entry = item.store.read_verified(item.key)
@@ -169,7 +171,7 @@ def pack(cache_dir: str, bundle: str, *, compression: str | None = None, key: st
                         "files": files,
                     }
                     if item.store.kind == "graphs":
-                        carried, notes = runtime_cache.collect(entry.files_dir)
+                        carried, notes = sealed_caches(entry.files_dir)
                         left_out += [f"{item.store.kind}/{item.key[:16]} {note}" for note in notes]
                         if carried:
                             record["runtime"] = _add_runtime(tar, base, carried, created)
@@ -213,16 +215,25 @@ def pack(cache_dir: str, bundle: str, *, compression: str | None = None, key: st
     }
 
 
-def _add_runtime(tar: tarfile.TarFile, base: str, carried: dict[str, tuple[bytes, dict[str, bytes]]],
-                 mtime: float) -> dict[str, dict[str, Any]]:
-    """Add an entry's verified run-time caches with their seals; their member records."""
+def _add_runtime(tar: tarfile.TarFile, base: str, carried: dict[str, Sealed], mtime: float) -> dict[str, dict[str, Any]]:
+    """Add an entry's verified run-time caches with their seals, each file streamed from disk and
+    checked against its seal as it goes (one that changed since it was verified fails the pack);
+    their member records."""
     out: dict[str, dict[str, Any]] = {}
-    for subdir, (seal_raw, data) in sorted(carried.items()):
-        members = {f"{FILES_DIR}/{runtime_cache.seal_name(subdir)}": seal_raw}
-        members.update({f"{FILES_DIR}/{subdir}/{rel}": blob for rel, blob in data.items()})
-        for rel, blob in members.items():
-            _add(tar, f"{base}/{rel}", blob, mtime)
-            out[rel] = {"size": len(blob), "sha256": hashlib.sha256(blob).hexdigest()}
+    for subdir, sealed in sorted(carried.items()):
+        rel = f"{FILES_DIR}/{runtime_cache.seal_name(subdir)}"
+        _add(tar, f"{base}/{rel}", sealed.seal_raw, mtime)
+        out[rel] = {"size": len(sealed.seal_raw), "sha256": hashlib.sha256(sealed.seal_raw).hexdigest()}
+        for path, (size, digest) in sorted(sealed.files.items()):
+            rel = f"{FILES_DIR}/{subdir}/{path}"
+            info = tarfile.TarInfo(f"{base}/{rel}")
+            info.size, info.mode, info.mtime = size, 0o600, int(mtime)
+            try:
+                with sealed.open(path) as reader:
+                    tar.addfile(info, reader)
+            except runtime_cache.SealMismatch as exc:
+                raise BundleError(f"the run-time cache {subdir} of {base}: {exc}; pack again") from None
+            out[rel] = {"size": size, "sha256": digest}
     return out
 
 

@@ -18,7 +18,7 @@ from typing import Any
 from .fs_security import CacheSecurityError
 from .inventory import Located, LookupFailed, disk_size, find_entries, resolve_key
 from .options import OptionError, default_cache_dir, parse_size
-from .store import TAG, BrokenEntry
+from .store import FILES_DIR, TAG, BrokenEntry
 
 
 class CliError(Exception):
@@ -90,8 +90,19 @@ def cmd_ls(args: argparse.Namespace) -> int:
             continue
         used = float(m.get("last_used", 0) or 0) if isinstance(m.get("last_used"), (int, float)) else 0.0
         print(f"{indent}{e.store.kind:9} {e.key[:16]}  {_human(size):>10}  used {_ago(used):>12}  {_what(m)}")
+        if e.store.kind == "graphs":
+            _ls_runtime(e, indent)
     print(f"{len(rows)} entr{'y' if len(rows) == 1 else 'ies'}, {_human(total)}")
     return 0
+
+
+def _ls_runtime(e: Located, indent: str) -> None:
+    """An entry's run-time caches (GE's compiled model...): names and sizes checked against the seal, no hashing."""
+    from .runtime_status import SEALED, statuses
+
+    for st in statuses(os.path.join(e.path, FILES_DIR)):
+        state = st.state if st.state == SEALED or not st.detail else f"{st.state}: {st.detail}"
+        print(f"{indent}  run-time cache {st.name:15} {_human(st.size):>10}  {state}")
 
 
 def _ls_bundle(path: str) -> int:
@@ -113,7 +124,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     """Linear: one read per entry, one sweep per store. Only the directory that was read
     and found broken is quarantined (a writer may have replaced it since); an entry that
     is refused (a symlink, another owner) is reported and skipped, and the rest goes on."""
-    bad = 0
+    bad = bad_runtime = 0
     path = _dir(args)
     swept: set[tuple[str, str]] = set()
     for e in _entries(path):
@@ -141,8 +152,28 @@ def cmd_validate(args: argparse.Namespace) -> int:
             continue
         if entry is None:
             print(f"changed: {name} was removed or replaced while being checked; skipped")
-    print(f"{bad} broken entr{'y' if bad == 1 else 'ies'}")
-    return 1 if bad else 0
+        elif e.store.kind == "graphs":
+            bad_runtime += _validate_runtime(e, name)
+    caches = f", {bad_runtime} broken run-time cache{'' if bad_runtime == 1 else 's'}" if bad_runtime else ""
+    print(f"{bad} broken entr{'y' if bad == 1 else 'ies'}{caches}")
+    return 1 if bad or bad_runtime else 0
+
+
+def _validate_runtime(e: Located, name: str) -> int:
+    """Hash an entry's run-time caches against their seals; a broken one (or an unsealed one no
+    process is writing) is set aside for GE to rebuild, as ``prepare`` would at the next start."""
+    from .runtime_status import BROKEN, UNSEALED, WRITING, validate
+
+    writable = e.store.writable()
+    bad = 0
+    for st in validate(os.path.join(e.path, FILES_DIR), fix=writable):
+        if st.state == WRITING:
+            print(f"busy: {name} run-time cache {st.name} is being written; skipped")
+        elif st.state == BROKEN or (st.state == UNSEALED and st.detail != "empty"):
+            bad += 1
+            where = "" if writable else "; read-only cache dir, left in place"
+            print(f"broken: {name} run-time cache {st.name} ({st.detail}{where})")
+    return bad
 
 
 def cmd_explain(args: argparse.Namespace) -> int:

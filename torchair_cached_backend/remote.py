@@ -11,13 +11,22 @@ per-rank programs):
 * ``<p>:l:<kind>:<ns><key>`` - the fleet-wide compile lock: ``SET NX PX`` with a
   lease the holder renews; it expires when the holder dies or is stopped;
 * ``<p>:r:<kind>:<key>:<cache>`` - a graph's sealed run-time cache (GE's compiled
-  model, torchair's static kernels), published by the node that sealed it: a record
-  as above whose files are the seal and every file it lists, the seal checked
-  against them (and bound to the entry) on fetch.
+  model, torchair's static kernels, often GBs), published by the node that sealed it:
+  a record as above whose files are the seal and every file it lists, each with the
+  sha256 of each of its chunks, stored at ``<p>:c:<chunk sha256>``.
 
-A reader verifies the record (signature when a key is set) and every blob's
-size and sha256 before anything is written locally; programs are merged with a
-``WATCH``/``MULTI`` compare-and-set (the bypass's own merge), never overwritten.
+No round trip moves much more than ``chunk`` bytes (4 MiB by default: one SET or GET of
+a chunk, or a pipeline / MGET of small blobs up to that size), so each stays well inside
+the socket timeout and memory holds a few chunks, whatever the size. Blobs and chunks
+are content-addressed and written first; the record, written last, is what makes an
+entry visible, so an upload that dies midway is never seen as complete (a newer
+record replaces an older one whole). A reader verifies the record (signature when a
+key is set) and every blob's size and sha256 before anything is written locally; a
+run-time cache's record must list exactly the files its seal lists, and each chunk
+(its digest) and each file (its seal's size and sha256) is checked as it streams into a
+staging directory renamed into place only when all passed (``runtime_carry.py``).
+Programs are merged with a ``WATCH``/``MULTI`` compare-and-set (the bypass's own
+merge), never overwritten.
 
 Every fault (server down or slow, refused auth, out of memory, an evicted or
 corrupt entry) is a miss or a skipped publish with one warning per cause and a
@@ -32,6 +41,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import hmac
+import io
 import json
 import os
 import socket
@@ -54,7 +64,7 @@ _PARAMS = {
     "lease": 30.0,         # seconds a compile lock lives without renewal
     "wait": None,          # seconds a node waits for another's compile (default: the lock timeout)
     "retry_after": 30.0,   # seconds the remote is skipped after a connection fault
-    "chunk": 8 << 20,      # blobs above this many bytes are stored in chunks
+    "chunk": 4 << 20,      # bytes: blobs above it are stored in chunks; no round trip moves much more
     "prefix": "tcb",
 }
 _RENEW_LUA = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) end return 0"
@@ -259,6 +269,10 @@ class RedisRemote:
             ok = (valid_name(name) and isinstance(info, dict) and isinstance(info.get("size"), int)
                   and isinstance(info.get("sha256"), str) and len(info["sha256"]) == 64
                   and isinstance(info.get("chunks"), int) and 0 <= info["chunks"] <= 1 << 16)
+            if ok and "parts" in info:
+                parts = info["parts"]
+                ok = (isinstance(parts, list) and len(parts) == info["chunks"]
+                      and all(isinstance(p, str) and len(p) == 64 for p in parts))
             if not ok:
                 raise RemoteError("corrupt", f"record of {kind}/{key[:12]} has a malformed blob record {name!r}")
         mac_key = signing_key()
@@ -274,11 +288,12 @@ class RedisRemote:
     def _fetch_blobs(self, conn: Any, kind: str, key: str, body: dict[str, Any]) -> dict[str, bytes]:
         """Every blob of a record, each checked against its size and sha256."""
         names = list(body["files"])
-        wanted: list[str] = []
+        wanted: list[tuple[str, int]] = []
         for name in names:
             info = body["files"][name]
-            wanted += self._bkeys(info["sha256"], info["chunks"])
-        values = conn.mget(wanted) if wanted else []
+            keys = self._bkeys(info["sha256"], info["chunks"])
+            wanted += [(bkey, -(-info["size"] // len(keys))) for bkey in keys]
+        values = self._mget_bounded(conn, wanted)
         record(remote_bytes_in=sum(len(v) for v in values if v))
         files: dict[str, bytes] = {}
         pos = 0
@@ -294,6 +309,38 @@ class RedisRemote:
                 raise RemoteError("corrupt", f"blob {name!r} of {kind}/{key[:12]} fails its size/sha256 check")
             files[name] = data
         return files
+
+    def _mget_bounded(self, conn: Any, wanted: list[tuple[str, int]]) -> list[Any]:
+        """MGET of ``(key, expected size)`` in round trips of about ``chunk`` bytes each (one
+        reply of a whole large entry could not arrive within the socket timeout on a slow link)."""
+        limit = int(self.params["chunk"])
+        values: list[Any] = []
+        batch: list[str] = []
+        size = 0
+        for bkey, expect in wanted:
+            if batch and size + expect > limit:
+                values += conn.mget(batch)
+                batch, size = [], 0
+            batch.append(bkey)
+            size += expect
+        if batch:
+            values += conn.mget(batch)
+        return values
+
+    def _set_bounded(self, conn: Any, blobs: dict[str, bytes]) -> None:
+        """SET every blob in pipelines of about ``chunk`` bytes each (each one round trip well inside
+        the socket timeout). Blobs are content-addressed: the record, set after them, is what
+        makes an entry visible, so a publish that dies midway is never seen as complete."""
+        limit = int(self.params["chunk"])
+        pipe = conn.pipeline(transaction=False)
+        size = 0
+        for bkey, data in blobs.items():
+            if size and size + len(data) > limit:
+                pipe.execute()
+                size = 0
+            pipe.set(bkey, data)
+            size += len(data)
+        pipe.execute()
 
     # -- operations (none raises) --------------------------------------------
     def get(self, kind: str, key: str) -> tuple[dict[str, Any], dict[str, bytes]] | None:
@@ -318,32 +365,79 @@ class RedisRemote:
     def _rkey(self, kind: str, key: str, subdir: str) -> str:
         return f"{self.prefix}:r:{kind}:{key}:{subdir}"
 
-    def put_runtime(self, kind: str, key: str, subdir: str, seal_raw: bytes, files: dict[str, bytes]) -> bool:
-        """Publish a sealed run-time cache of ``kind/key`` (blobs, then its record); False on a fault."""
+    def _ckey(self, digest: str) -> str:
+        return f"{self.prefix}:c:{digest}"
+
+    def _put_stream(self, conn: Any, reader: Any) -> dict[str, Any]:
+        """Send a file chunk by chunk (one SET of at most ``chunk`` bytes each, named by the chunk's
+        sha256); its record: size, sha256 and the chunks' digests, all computed as it streamed."""
+        chunk = int(self.params["chunk"])
+        whole, parts, size = hashlib.sha256(), [], 0
+        while True:
+            data = reader.read(chunk)
+            if not data:
+                break
+            digest = _sha256(data)
+            conn.set(self._ckey(digest), data)
+            record(remote_bytes_out=len(data))
+            parts.append(digest)
+            whole.update(data)
+            size += len(data)
+        return {"size": size, "sha256": whole.hexdigest(), "chunks": len(parts), "parts": parts}
+
+    def _stream_blob(self, conn: Any, kind: str, key: str, name: str, info: dict[str, Any]) -> Iterator[bytes]:
+        """A blob of a record, one GET per chunk, each chunk checked against its digest when the
+        record lists them (the whole is checked by the caller against the seal)."""
+        parts = info.get("parts")
+        keys = [self._ckey(p) for p in parts] if parts is not None else self._bkeys(info["sha256"], info["chunks"])
+        for i, bkey in enumerate(keys):
+            data = conn.get(bkey)
+            if data is None:
+                raise RemoteError("partial", f"entry {kind}/{key[:12]} lost chunk {i} of {name!r} (evicted?)")
+            if parts is not None and _sha256(data) != parts[i]:
+                raise RemoteError("corrupt", f"chunk {i} of {name!r} of {kind}/{key[:12]} fails its sha256 check")
+            record(remote_bytes_in=len(data))
+            yield data
+
+    def put_runtime(self, kind: str, key: str, cache: Any) -> bool:
+        """Publish a sealed run-time cache of ``kind/key`` (``cache``: a :class:`runtime_carry.Sealed`,
+        or anything with its ``subdir``, ``seal_raw``, ``files`` and ``open(rel)``): every file
+        streamed in chunks, then the record last, so no other node sees a partial upload as
+        complete. False on a fault (a file that changed since it was sealed included)."""
         from .runtime_cache import seal_name
 
         if not self.available():
             return False
+        subdir = cache.subdir
         try:
-            raw, blobs = self._record(kind, key, {seal_name(subdir): seal_raw, **{f"{subdir}/{rel}": data for rel, data in
-                                                                               files.items()}}, {}, runtime=subdir)
-            pipe = self.client().pipeline(transaction=True)
-            for bkey, data in blobs.items():
-                pipe.set(bkey, data)
-            pipe.set(self._rkey(kind, key, subdir), raw)
-            pipe.execute()
-            record(remote_bytes_out=len(raw) + sum(len(v) for v in blobs.values()), remote_published=1)
+            conn = self.client()
+            infos = {seal_name(subdir): self._put_stream(conn, io.BytesIO(cache.seal_raw))}
+            for rel in sorted(cache.files):
+                with cache.open(rel) as reader:
+                    infos[f"{subdir}/{rel}"] = self._put_stream(conn, reader)
+            body: dict[str, Any] = {"format": RECORD_FORMAT, "kind": kind, "key": key, "manifest": {}, "files": infos,
+                                    "published": time.time(), "runtime": subdir}
+            mac_key = signing_key()
+            if mac_key is not None:
+                body["sig"] = hmac.new(mac_key, _canonical(body), hashlib.sha256).hexdigest()
+            raw = _canonical(body)
+            conn.set(self._rkey(kind, key, subdir), raw)
+            record(remote_bytes_out=len(raw), remote_published=1)
             return True
         except Exception as exc:  # noqa: BLE001
             self.fault(exc, f"publish the run-time cache {subdir} of {kind}/{key[:12]}")
             return False
 
-    def get_runtime(self, kind: str, key: str, subdirs: tuple[str, ...]) -> dict[str, tuple[bytes, dict[str, bytes]]]:
-        """{cache: (seal bytes, {path: bytes})} of the run-time caches of ``kind/key`` the remote holds,
-        each record (signature when a key is set), blob and seal checked; a refused one is left out."""
-        from .runtime_cache import SealMismatch, seal_name, verify_carried
+    def get_runtime(self, kind: str, key: str, subdirs: tuple[str, ...]
+                    ) -> dict[str, tuple[bytes, Callable[[Any], None]]]:
+        """{cache: (seal bytes, fill)} of the run-time caches of ``kind/key`` the remote holds:
+        the record (signature when a key is set) and the seal checked, and the seal listing
+        exactly the files the record carries; ``fill(staging)`` then streams every file chunk by
+        chunk into a :class:`runtime_carry.Staging` (which checks it against the seal), counting
+        a fault and raising on a lost or corrupt chunk. A cache that fails a check is left out."""
+        from .runtime_cache import MAX_SEAL_BYTES, SealMismatch, parse_seal, seal_name
 
-        found: dict[str, tuple[bytes, dict[str, bytes]]] = {}
+        found: dict[str, tuple[bytes, Callable[[Any], None]]] = {}
         if not self.available():
             return found
         try:
@@ -355,23 +449,47 @@ class RedisRemote:
         for subdir, raw in zip(subdirs, raws, strict=True):
             if raw is None:
                 continue
+            where = f"the run-time cache {subdir} of {kind}/{key[:12]}"
             try:
-                body = self._parse_record(kind, key, raw, runtime=subdir)
-                files = self._fetch_blobs(conn, kind, key, body)
-                seal_raw = files.pop(seal_name(subdir), None)
-                prefix = subdir + "/"
-                if seal_raw is None or any(not name.startswith(prefix) for name in files):
-                    raise RemoteError("corrupt", f"the run-time cache {subdir} of {kind}/{key[:12]} is malformed")
-                data = {name[len(prefix):]: blob for name, blob in files.items()}
+                infos = self._parse_record(kind, key, raw, runtime=subdir)["files"]
+                sname, prefix = seal_name(subdir), subdir + "/"
+                info = infos.get(sname)
+                if info is None or info["size"] > MAX_SEAL_BYTES:
+                    raise RemoteError("corrupt", f"{where} has no seal (or an oversized one)")
+                seal_raw = b"".join(self._stream_blob(conn, kind, key, sname, info))
+                if len(seal_raw) != info["size"] or _sha256(seal_raw) != info["sha256"]:
+                    raise RemoteError("corrupt", f"the seal of {where} fails its size/sha256 check")
                 try:
-                    verify_carried(key, subdir, seal_raw, data)
+                    sealed = parse_seal(seal_raw, key, subdir)
                 except SealMismatch as exc:
-                    raise RemoteError("corrupt", f"the run-time cache {subdir} of {kind}/{key[:12]}: {exc}") from None
+                    raise RemoteError("corrupt", f"{where}: {exc}") from None
+                carried = {n[len(prefix):]: (i["size"], i["sha256"]) for n, i in infos.items() if n != sname}
+                if any(n != sname and not n.startswith(prefix) for n in infos) or carried != sealed:
+                    raise RemoteError("corrupt", f"{where}: the files carried do not match its seal")
             except Exception as exc:  # noqa: BLE001 - any fault is a miss: GE builds its own
-                self.fault(exc, f"read the run-time cache {subdir} of {kind}/{key[:12]}")
+                self.fault(exc, f"read {where}")
                 continue
-            found[subdir] = (seal_raw, data)
+            found[subdir] = (seal_raw, self._runtime_fill(conn, kind, key, where, prefix, infos, sorted(sealed)))
         return found
+
+    def _runtime_fill(self, conn: Any, kind: str, key: str, where: str, prefix: str, infos: dict[str, Any],
+                      rels: list[str]) -> Callable[[Any], None]:
+        from .runtime_cache import SealMismatch
+
+        def fill(staging: Any) -> None:
+            try:
+                for rel in rels:
+                    staging.write(rel, self._stream_blob(conn, kind, key, prefix + rel, infos[prefix + rel]))
+            except SealMismatch as exc:  # what streamed in is not the file its seal lists
+                self.fault(RemoteError("corrupt", f"{where}: {exc}"), f"read {where}")
+                raise
+            except OSError:  # a local fault writing it (disk full...): not the remote's (logged by the installer)
+                raise
+            except Exception as exc:
+                self.fault(exc, f"read {where}")
+                raise
+
+        return fill
 
     def exists(self, kind: str, key: str) -> bool:
         if not self.available():
@@ -383,16 +501,14 @@ class RedisRemote:
             return False
 
     def put(self, kind: str, key: str, files: dict[str, bytes], manifest: dict[str, Any]) -> bool:
-        """Publish blobs then the record in one transaction; False on a fault."""
+        """Publish the blobs (bounded round trips), then the record; False on a fault."""
         if not self.available():
             return False
         try:
             raw, blobs = self._record(kind, key, files, manifest)
-            pipe = self.client().pipeline(transaction=True)
-            for bkey, data in blobs.items():
-                pipe.set(bkey, data)
-            pipe.set(self._mkey(kind, key), raw)
-            pipe.execute()
+            conn = self.client()
+            self._set_bounded(conn, blobs)
+            conn.set(self._mkey(kind, key), raw)
             self._refused.discard((kind, key))
             record(remote_bytes_out=len(raw) + sum(len(v) for v in blobs.values()), remote_published=1)
             return True
@@ -429,9 +545,8 @@ class RedisRemote:
                                 log.info("npu_cached: remote %s/%s replaced: %s", kind, key[:12], exc)
                         merged, merged_files = merger(old, old_files, manifest, files)
                         raw_new, blobs = self._record(kind, key, merged_files, merged)
+                        self._set_bounded(self.client(), blobs)  # content-addressed: only the record is swapped
                         pipe.multi()
-                        for bkey, data in blobs.items():
-                            pipe.set(bkey, data)
                         pipe.set(mkey, raw_new)
                         pipe.execute()
                         self._refused.discard((kind, key))

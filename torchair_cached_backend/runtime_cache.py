@@ -173,27 +173,23 @@ def _open_rel(dir_fd: int, rel: str) -> int:
             os.close(fd)
 
 
-def _digest_file(dir_fd: int, rel: str, expect: os.stat_result, keep: bool = False) -> tuple[str, bytes | None]:
-    """sha256 of file ``rel`` (and its bytes when ``keep``); it must still be the file scanned."""
+def _digest_file(dir_fd: int, rel: str, expect: os.stat_result) -> str:
+    """sha256 of file ``rel``; it must still be the file scanned."""
     fd = _open_rel(dir_fd, rel)
     with open(fd, "rb", buffering=0) as f:
         st = os.fstat(fd)
         if (st.st_ino, st.st_dev) != (expect.st_ino, expect.st_dev) or not stat.S_ISREG(st.st_mode):
             raise SealMismatch(f"{rel!r} was replaced while it was checked")
-        if not keep:
-            return hashlib.file_digest(f, "sha256").hexdigest(), None
-        data = f.read()
-        return hashlib.sha256(data).hexdigest(), data
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def _snapshot(found: dict[str, os.stat_result]) -> dict[str, tuple[int, int, int]]:
     return {rel: (st.st_size, st.st_mtime_ns, st.st_ino) for rel, st in found.items()}
 
 
-def check(dir_fd: int, sealed: dict[str, tuple[int, str]], *, keep: bool = False
-          ) -> tuple[dict[str, tuple[int, int, int]], dict[str, bytes]]:
-    """Check the directory ``dir_fd`` against ``sealed``: the same files, sizes and sha256s.
-    Returns its stat snapshot (and the verified bytes when ``keep``); SealMismatch otherwise."""
+def check(dir_fd: int, sealed: dict[str, tuple[int, str]]) -> dict[str, tuple[int, int, int]]:
+    """Check the directory ``dir_fd`` against ``sealed``: the same files, sizes and sha256s
+    (hashed in pieces, nothing kept). Returns its stat snapshot; SealMismatch otherwise."""
     found = _scan(dir_fd)
     missing = sorted(set(sealed) - set(found))
     if missing:
@@ -204,14 +200,10 @@ def check(dir_fd: int, sealed: dict[str, tuple[int, str]], *, keep: bool = False
     for rel, (size, _) in sealed.items():
         if found[rel].st_size != size:
             raise SealMismatch(f"{rel!r} is {found[rel].st_size} bytes, its seal says {size}")
-    data: dict[str, bytes] = {}
     for rel, (_, digest) in sealed.items():
-        got, blob = _digest_file(dir_fd, rel, found[rel], keep)
-        if got != digest:
+        if _digest_file(dir_fd, rel, found[rel]) != digest:
             raise SealMismatch(f"{rel!r} fails its sha256 (changed since it was sealed)")
-        if blob is not None:
-            data[rel] = blob
-    return _snapshot(found), data
+    return _snapshot(found)
 
 
 def _read_seal(files_fd: int, subdir: str) -> bytes | None:
@@ -352,7 +344,7 @@ class RuntimeCache:
                         return False  # not the directory we created
                 try:
                     found = _scan(fd)
-                    files = {rel: (st.st_size, _digest_file(fd, rel, st)[0]) for rel, st in found.items()}
+                    files = {rel: (st.st_size, _digest_file(fd, rel, st)) for rel, st in found.items()}
                 except SealMismatch as exc:
                     log.warning("npu_cached: the run-time cache %s is left unsealed (%s): it is set aside and "
                                 "rebuilt at the next start", self.path, exc)
@@ -452,7 +444,7 @@ def _verify_shared(files_dir: str, files_fd: int, subdir: str, key: str) -> Runt
             raw = _read_seal(files_fd, subdir)
             if raw is None:
                 return _UNDECIDED
-            snapshot, _ = check(fd, parse_seal(raw, key, subdir))
+            snapshot = check(fd, parse_seal(raw, key, subdir))
         except (SealMismatch, OSError):
             return _UNDECIDED
         return RuntimeCache(files_dir, subdir, key, writer=False, lock_fd=None, snapshot=snapshot)
@@ -509,7 +501,7 @@ def _prepare_locked(files_dir: str, files_fd: int, subdir: str, key: str) -> Run
                     keep_fd = True  # holding its exclusive lock: this process is its writer
                     return RuntimeCache(files_dir, subdir, key, writer=True, lock_fd=fd, snapshot={})
                 raise SealMismatch("it has no seal (GE stopped mid-write, or an older version wrote it)")
-            snapshot, _ = check(fd, parse_seal(raw, key, subdir))
+            snapshot = check(fd, parse_seal(raw, key, subdir))
         except SealMismatch as exc:
             os.close(fd)
             fd = None
@@ -551,22 +543,24 @@ def _create(files_dir: str, files_fd: int, subdir: str, key: str) -> RuntimeCach
 
 def _from_remote(files_dir: str, files_fd: int, subdir: str, key: str) -> RuntimeCache | None:
     """Before GE rebuilds a missing (or set aside) cache: the sealed one another node of the
-    fleet published, verified against its seal twice (fetched, then as installed)."""
+    fleet published, streamed in and checked against its seal as it arrives, then verified
+    again as installed."""
     root, kind, _ = _layout(files_dir)
     try:
         from . import layers
+        from .runtime_carry import install_locked
 
         lay = layers.layers_of(root)
         remote = lay.remote() if lay is not None else None
         if remote is None:
             return None
         found = remote.get_runtime(kind, key, (subdir,))
-        if subdir not in found or not _install_locked(files_dir, files_fd, subdir, *found[subdir]):
+        if subdir not in found or not install_locked(files_dir, files_fd, subdir, *found[subdir]):
             return None
         fd = fs.open_dir(subdir, dir_fd=files_fd, root=files_dir)
         try:
             raw = _read_seal(files_fd, subdir)
-            snapshot, _ = check(fd, parse_seal(raw or b"", key, subdir))
+            snapshot = check(fd, parse_seal(raw or b"", key, subdir))
         finally:
             os.close(fd)
     except Exception as exc:  # noqa: BLE001 - the remote never fails a call: GE builds its own
@@ -591,130 +585,42 @@ def _at_exit() -> None:
             log.debug("npu_cached: re-seal of %s at exit failed: %r", cache.path, exc)
 
 
-# ---------------------------------------------------------------- travel (bundles, the remote)
-def collect(files_dir: str) -> tuple[dict[str, tuple[bytes, dict[str, bytes]]], list[str]]:
-    """The sealed run-time caches of an entry that verify: {subdir: (seal bytes, {rel: bytes})},
-    and notes naming those left out (unsealed or not matching their seal)."""
-    _, _, key = _layout(files_dir)
-    found: dict[str, tuple[bytes, dict[str, bytes]]] = {}
-    notes: list[str] = []
-    try:
-        files_fd = _open_files_dir(files_dir)
-    except (OSError, fs.CacheSecurityError):
-        return found, notes
-    try:
-        for subdir in SUBDIRS:
-            try:
-                raw = _read_seal(files_fd, subdir)
-                try:
-                    fd = fs.open_dir(subdir, dir_fd=files_fd, root=files_dir)
-                except FileNotFoundError:
-                    if raw is not None:
-                        notes.append(f"{subdir}: sealed but its directory is missing")
-                    continue
-                try:
-                    if raw is None:
-                        if os.listdir(fd):
-                            notes.append(f"{subdir}: not sealed (left out)")
-                        continue
-                    _, data = check(fd, parse_seal(raw, key, subdir), keep=True)
-                finally:
-                    os.close(fd)
-            except (SealMismatch, OSError, fs.CacheSecurityError) as exc:
-                notes.append(f"{subdir}: {exc} (left out)")
-                continue
-            found[subdir] = (raw, data)
-    finally:
-        os.close(files_fd)
-    return found, notes
+# ---------------------------------------------------------------- travel (bundles, the remote): runtime_carry.py
+def collect(files_dir: str) -> tuple[dict[str, tuple[bytes, Any]], list[str]]:
+    """The sealed run-time caches of an entry that verify: {cache: (seal bytes, fill)} (``fill``
+    streams its files into a :class:`runtime_carry.Staging`: nothing is held in memory), and
+    notes naming those left out. :func:`runtime_carry.sealed_caches` gives the files too."""
+    from .runtime_carry import sealed_caches
+
+    found, notes = sealed_caches(files_dir)
+    return {subdir: (s.seal_raw, s.copy_into) for subdir, s in found.items()}, notes
 
 
-def verify_carried(key: str, subdir: str, seal_raw: bytes, files: dict[str, bytes]) -> None:
-    """A carried run-time cache (bundle member, remote blobs) must be exactly what its seal lists."""
-    if subdir not in SUBDIRS:
-        raise SealMismatch(f"{subdir!r} is not a run-time cache this version knows")
-    sealed = parse_seal(seal_raw, key, subdir)
-    carried = {rel: (len(data), hashlib.sha256(data).hexdigest()) for rel, data in files.items()}
-    if carried != sealed:
-        raise SealMismatch("the files carried do not match its seal")
+def install(files_dir: str, subdir: str, seal_raw: bytes, files: Any) -> bool:
+    """Install a carried run-time cache into an entry that has none: ``files`` is a fill
+    (:func:`collect`, ``RedisRemote.get_runtime``) or small ``{path: bytes}``; streamed into a
+    temporary directory, checked against the seal, renamed into place, then the seal written.
+    False if the entry has one already (kept) or on a refusal or fault (logged: GE builds its own)."""
+    from . import runtime_carry
 
-
-def install(files_dir: str, subdir: str, seal_raw: bytes, files: dict[str, bytes]) -> bool:
-    """Write a verified, carried run-time cache into an entry that has none: the files into a
-    temporary directory (fsync'd), renamed into place, then the seal. False if the entry
-    already has one (kept) or on a fault (logged; GE then builds its own)."""
-    try:
-        files_fd = _open_files_dir(files_dir)
-    except (OSError, fs.CacheSecurityError) as exc:
-        log.warning("npu_cached: cannot install the run-time cache %s into %s (%s)", subdir, files_dir, exc)
-        return False
-    try:
-        fs.flock(files_fd, _LOCK_EX)
-        return _install_locked(files_dir, files_fd, subdir, seal_raw, files)
-    finally:
-        os.close(files_fd)
-
-
-def _install_locked(files_dir: str, files_fd: int, subdir: str, seal_raw: bytes, files: dict[str, bytes]) -> bool:
-    """:func:`install` under the files dir's exclusive lock (the caller holds it)."""
-    if _lexists(files_fd, subdir) or _lexists(files_fd, seal_name(subdir)):
-        return False
-    tmp = f".{subdir}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    try:
-        os.mkdir(tmp, fs.DIR_MODE, dir_fd=files_fd)
-        tfd = fs.open_dir(tmp, dir_fd=files_fd, root=files_dir)
-        try:
-            write_tree(tfd, files)
-        finally:
-            os.close(tfd)
-        os.rename(tmp, subdir, src_dir_fd=files_fd, dst_dir_fd=files_fd)
-        _write_seal(files_dir_fd=files_fd, subdir=subdir, raw=seal_raw)
-        return True
-    except (OSError, fs.CacheSecurityError, SealMismatch) as exc:
-        log.warning("npu_cached: cannot install the run-time cache %s into %s (%s); GE rebuilds it", subdir,
-                    files_dir, exc)
-        import shutil
-
-        shutil.rmtree(os.path.join(files_dir, tmp), ignore_errors=True)
-        return False
-
-
-def write_tree(dir_fd: int, files: dict[str, bytes]) -> None:
-    """Write ``files`` (rel -> bytes) below ``dir_fd`` (dirs 0700, files 0600, fsync'd)."""
-    for rel, data in sorted(files.items()):
-        if not valid_rel(rel):
-            raise SealMismatch(f"{rel!r} is not a plain relative path")
-        parts = rel.split("/")
-        fd = dir_fd
-        try:
-            for part in parts[:-1]:
-                try:
-                    os.mkdir(part, fs.DIR_MODE, dir_fd=fd)
-                except FileExistsError:
-                    pass
-                nxt = fs.open_dir(part, dir_fd=fd, root="")
-                if fd != dir_fd:
-                    os.close(fd)
-                fd = nxt
-            fs.write_at(fd, parts[-1], data)
-        finally:
-            if fd != dir_fd:
-                os.close(fd)
+    fill = runtime_carry.bytes_fill(files) if isinstance(files, dict) else files
+    return runtime_carry.install(files_dir, subdir, seal_raw, fill)
 
 
 def _published(cache: RuntimeCache) -> None:
-    """A newly sealed cache goes to the remote too, when the entry's root has one."""
+    """A newly sealed cache goes to the remote too, when the entry's root has one (streamed
+    from disk, each file checked against the seal as it is sent)."""
     root, kind, key = _layout(cache.files_dir)
     try:
         from . import layers
+        from .runtime_carry import sealed_caches
 
         lay = layers.layers_of(root)
         remote = lay.remote() if lay is not None else None
         if remote is None:
             return
-        found, _ = collect(cache.files_dir)
+        found, _ = sealed_caches(cache.files_dir)
         if cache.subdir in found:
-            seal_raw, data = found[cache.subdir]
-            remote.put_runtime(kind, key, cache.subdir, seal_raw, data)
+            remote.put_runtime(kind, key, found[cache.subdir])
     except Exception as exc:  # noqa: BLE001 - the remote never fails a call
         log.debug("npu_cached: publishing the run-time cache %s to the remote failed: %r", cache.path, exc)
