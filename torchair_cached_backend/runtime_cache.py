@@ -151,7 +151,7 @@ class RuntimeCache:
         finally:
             os.close(files_fd)
         self._sealed_once = True
-        _published(self)
+        _published(self, raw, files)
         return True
 
     def _release(self) -> None:
@@ -303,6 +303,7 @@ def _from_remote(files_dir: str, files_fd: int, subdir: str, key: str) -> Runtim
 
 def _at_exit() -> None:
     """GE may add files after the first run: seal what changed (stat only when nothing did)."""
+    _EXITING.set()
     with _ACTIVE_LOCK:
         caches = list(_ACTIVE)
     for cache in caches:
@@ -337,20 +338,52 @@ def install(files_dir: str, subdir: str, seal_raw: bytes, files: Any) -> bool:
     return runtime_carry.install(files_dir, subdir, seal_raw, fill)
 
 
-def _published(cache: RuntimeCache) -> None:
-    """A newly sealed cache goes to the remote too, when the entry's root has one (streamed
-    from disk, each file checked against the seal as it is sent)."""
+#: uploads of sealed caches still running (a process's exit waits for them: they are not daemons)
+_UPLOADS: list[threading.Thread] = []
+_EXITING = threading.Event()
+
+
+def _published(cache: RuntimeCache, seal_raw: bytes, files: dict[str, tuple[int, str]]) -> None:
+    """A newly sealed cache goes to the remote too, when the entry's root has one: streamed from
+    disk, each file checked against the seal just written as it is sent (one that changed since
+    aborts the upload, never served). GE's compiled models are often GBs, so the upload runs in
+    a thread of its own (the first call returns without waiting for it); the process's exit
+    waits for it (an upload cut short by a kill is never served: its record is never written)."""
     root, kind, key = _layout(cache.files_dir)
     try:
         from . import layers
-        from .runtime_carry import sealed_caches
 
         lay = layers.layers_of(root)
         remote = lay.remote() if lay is not None else None
-        if remote is None:
-            return
-        found, _ = sealed_caches(cache.files_dir)
-        if cache.subdir in found:
-            remote.put_runtime(kind, key, found[cache.subdir])
     except Exception as exc:  # noqa: BLE001 - the remote never fails a call
-        log.debug("npu_cached: publishing the run-time cache %s to the remote failed: %r", cache.path, exc)
+        log.debug("npu_cached: no remote for the run-time cache %s: %r", cache.path, exc)
+        return
+    if remote is None:
+        return
+    from .runtime_carry import Sealed
+
+    sealed = Sealed(cache.files_dir, cache.subdir, key, seal_raw, files)
+
+    def upload() -> None:
+        try:
+            remote.put_runtime(kind, key, sealed)
+        except Exception as exc:  # noqa: BLE001 - the remote never fails a call
+            log.debug("npu_cached: publishing the run-time cache %s to the remote failed: %r", cache.path, exc)
+
+    if _EXITING.is_set():  # re-sealed at exit: no thread may start now
+        upload()
+        return
+    thread = threading.Thread(target=upload, name=f"tcb-publish-{cache.subdir}-{key[:8]}", daemon=False)
+    with _ACTIVE_LOCK:
+        _UPLOADS[:] = [t for t in _UPLOADS if t.is_alive()]
+        _UPLOADS.append(thread)
+    thread.start()
+
+
+def wait_for_uploads(timeout: float | None = None) -> bool:
+    """Wait for this process's uploads of sealed caches; False if some still run after ``timeout``."""
+    with _ACTIVE_LOCK:
+        threads = list(_UPLOADS)
+    for thread in threads:
+        thread.join(timeout)
+    return not any(t.is_alive() for t in threads)
