@@ -9,6 +9,7 @@ cache, and ``runtime_cache.prepare`` takes the fleet's before GE would rebuild i
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
 import time
@@ -221,3 +222,41 @@ def test_a_corrupted_chunk_is_refused_and_the_cache_rebuilt(redis_server, tmp_pa
     assert rebuilt["built"] != built["built"]  # its own build (seed v2), sealed and republished
     healed = _node(url, str(tmp_path / "c"), sizes={})
     assert not healed["writer"] and healed["fetched"] == rebuilt["built"] and healed["faults"] == 0
+
+
+def test_a_cache_published_in_the_former_layout_is_still_fetched(redis_server, tmp_path):
+    """Nodes of an older version publish a run-time cache as blobs under its file's sha256
+    (``tcb:b:<sha>[:<i>]``, no chunk digests): a node of this one still takes it, checked
+    against the seal as it streams in."""
+    import redis
+
+    from torchair_cached_backend import runtime_cache as rc
+    from torchair_cached_backend.remote import RedisRemote
+    from torchair_cached_backend.store import Store
+
+    src = os.path.join(Store(str(tmp_path / "a"), "graphs").save(KEY, {"g.py": b"1"}, {"compiler": "torchair"}), "files")
+    cache = rc.prepare(src, "ge_cache")
+    data = os.urandom(5 * MIB + 3)
+    with open(os.path.join(cache.path, "m.om"), "wb") as f:
+        f.write(data)
+    cache.after_run()
+    seal = open(os.path.join(src, "ge_cache.seal.json"), "rb").read()
+    url = redis_server.url(db=54, chunk=2 * MIB)
+    old = RedisRemote(url)
+    raw, blobs = old._record("graphs", KEY, {"ge_cache.seal.json": seal, "ge_cache/m.om": data}, {}, runtime="ge_cache")
+    conn = redis.Redis(host="127.0.0.1", port=redis_server.port, db=54)
+    for bkey, blob in blobs.items():
+        conn.set(bkey, blob)
+    conn.set(old._rkey("graphs", KEY, "ge_cache"), raw)
+    assert all(k.startswith(b"tcb:b:") for k in conn.scan_iter(match="tcb:[bc]:*"))  # the former layout
+
+    dst = os.path.join(Store(str(tmp_path / "b"), "graphs").save(KEY, {"g.py": b"1"}, {"compiler": "torchair"}), "files")
+    found = RedisRemote(url).get_runtime("graphs", KEY, rc.SUBDIRS)
+    assert set(found) == {"ge_cache"} and rc.install(dst, "ge_cache", *found["ge_cache"])
+    assert open(os.path.join(dst, "ge_cache", "m.om"), "rb").read() == data
+    rotten = next(k for k in blobs if k.endswith(":1"))
+    conn.setrange(rotten, 10, bytes([blobs[rotten][10] ^ 1]))  # a rotten chunk there too
+    other = os.path.join(Store(str(tmp_path / "c"), "graphs").save(KEY, {"g.py": b"1"}, {"compiler": "torchair"}),
+                         "files")
+    found = RedisRemote(url).get_runtime("graphs", KEY, rc.SUBDIRS)
+    assert not rc.install(other, "ge_cache", *found["ge_cache"]) and os.listdir(other) == ["g.py"]

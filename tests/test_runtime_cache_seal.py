@@ -259,3 +259,66 @@ def test_a_cache_set_aside_is_taken_from_the_fleet_before_ge_rebuilds_it(entry, 
         layers._BY_ROOT.pop(os.path.abspath(root), None)
     assert cache is not None and not cache.writer and stats().runtime_caches_set_aside == 1
     assert open(os.path.join(cache.path, "m.om"), "rb").read() == b"the fleet's model"
+
+
+def test_unpack_adds_the_bundles_run_time_cache_to_an_entry_already_there(entry, tmp_path):
+    """A node that has the graph (fetched without its compiled model, or from an older bundle) gets
+    the bundle's sealed model, checked again; one it has of its own is kept."""
+    _sealed(entry, b"model from the bundle")
+    rc.prepare(entry, "fw.ge_cache").after_run()
+    bundle = str(tmp_path / "b.tar")
+    pack(os.path.dirname(os.path.dirname(os.path.dirname(entry))), bundle)
+    target = str(tmp_path / "target")
+    files = os.path.join(Store(target, "graphs").save(KEY, {"torchair_graph.py": b"print(1)\n"},
+                                                      {"compiler": "torchair"}), "files")
+    own = rc.prepare(files, "fw.ge_cache")
+    with open(os.path.join(own.path, "mine.om"), "wb") as f:
+        f.write(b"this node's own")
+    own.after_run()
+    out = unpack(bundle, target)
+    assert out["kept"] == 1
+    reset_stats()
+    cache = rc.prepare(files, "ge_cache")
+    assert cache is not None and not cache.writer and stats().runtime_caches_set_aside == 0
+    assert open(os.path.join(cache.path, "m.om"), "rb").read() == b"model from the bundle"
+    assert os.listdir(os.path.join(files, "fw.ge_cache")) == ["mine.om"]  # its own kept
+    assert not [n for n in os.listdir(os.path.join(target, "graphs")) if n.startswith(".")]  # staging removed
+    assert out["runtime_caches_added"] == 1
+
+
+def test_a_sealed_cache_is_published_without_holding_up_the_first_call(entry, redis_server, monkeypatch):
+    """GE's compiled model can take minutes to upload: the first call returns once it is sealed,
+    the upload runs beside it (visible to the fleet only once complete)."""
+    import threading
+
+    from torchair_cached_backend import layers
+    from torchair_cached_backend.remote import RedisRemote
+
+    started, release, finished = threading.Event(), threading.Event(), threading.Event()
+    real = RedisRemote.put_runtime
+
+    def slow_link(self, *args):
+        started.set()
+        released = release.wait(5)
+        finished.set()
+        assert released, "the first call waited for the upload"
+        return real(self, *args)
+
+    monkeypatch.setattr(RedisRemote, "put_runtime", slow_link)
+    url = redis_server.url(db=43)
+    root = os.path.dirname(os.path.dirname(os.path.dirname(entry)))
+    layers.configure(root, remote=url)
+    try:
+        cache = rc.prepare(entry, "ge_cache")
+        assert cache is not None and cache.writer
+        with open(os.path.join(cache.path, "m.om"), "wb") as f:
+            f.write(b"a model that takes long to upload")
+        cache.after_run()  # returns while the upload is held
+        assert started.wait(5) and not finished.is_set()
+        assert RedisRemote(url).get_runtime("graphs", KEY, rc.SUBDIRS) == {}  # not visible before it completes
+        release.set()
+        assert rc.wait_for_uploads(30)
+        assert set(RedisRemote(url).get_runtime("graphs", KEY, rc.SUBDIRS)) == {"ge_cache"}
+    finally:
+        release.set()
+        layers._BY_ROOT.pop(os.path.abspath(root), None)

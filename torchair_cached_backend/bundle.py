@@ -35,7 +35,7 @@ import uuid
 from typing import Any
 
 from . import fs_security as fs
-from . import runtime_cache
+from . import runtime_cache, runtime_carry
 from .inventory import _MAX_DEPTH, find_entries
 from .logs import log
 from .runtime_carry import Sealed, sealed_caches
@@ -679,6 +679,8 @@ def unpack(bundle: str, cache_dir: str, *, key: str | bytes | None = None, limit
     published: list[str] = []
     kept: list[str] = []
     merged: list[str] = []
+    seals: dict[str, dict[str, bytes]] = {}  # staging dir -> its run-time caches' seals
+    runtime_added = 0
     with _open(bundle) as tar:
         scanned = _scan(tar, bundle, limits, signing_key(key))  # nothing is written before this passes
         try:
@@ -701,7 +703,8 @@ def unpack(bundle: str, cache_dir: str, *, key: str | bytes | None = None, limit
                         os.fsync(sink.fileno())
                 with open(os.path.join(tmp, MANIFEST), "rb") as f:
                     _check_entry(bundle, e, f.read())
-                _check_runtime(bundle, e, _stage_runtime(tar, bundle, scanned, e, base, tmp))
+                seals[tmp] = _stage_runtime(tar, bundle, scanned, e, base, tmp)
+                _check_runtime(bundle, e, seals[tmp])
             for store, key, tmp in staged:  # everything checked: publish, entry by entry
                 name = f"{store.kind}/{key[:16]}"
                 existing = _intact_existing(store, key)
@@ -710,6 +713,7 @@ def unpack(bundle: str, cache_dir: str, *, key: str | bytes | None = None, limit
                         merged.append(name)
                     else:
                         kept.append(name)
+                    runtime_added += _adopt_runtime(existing.files_dir, key, tmp, seals.get(tmp, {}))
                     shutil.rmtree(tmp, ignore_errors=True)
                     continue
                 try:
@@ -737,7 +741,20 @@ def unpack(bundle: str, cache_dir: str, *, key: str | bytes | None = None, limit
                         pass
             raise
     return _summary(bundle, scanned, t0, cache_dir=cache_dir, published=len(published), kept=len(kept),
-                    merged=len(merged))
+                    merged=len(merged), runtime_caches_added=runtime_added)
+
+
+def _adopt_runtime(files_dir: str, key: str, tmp: str, seals: dict[str, bytes]) -> int:
+    """The bundle's checked run-time caches (staged in ``tmp``) into an intact entry already
+    here that lacks them (one it has is kept), each copied in pieces and checked against its
+    seal again, installed atomically; how many were added."""
+    added = 0
+    for subdir, seal_raw in sorted(seals.items()):
+        staged = Sealed(os.path.join(tmp, FILES_DIR), subdir, key, seal_raw,
+                        runtime_cache.parse_seal(seal_raw, key, subdir))
+        if runtime_carry.copy_sealed(staged, files_dir):
+            added += 1
+    return added
 
 
 def _stage_runtime(tar: tarfile.TarFile, bundle: str, scanned: _Scanned, e: dict[str, Any], base: str,

@@ -316,7 +316,8 @@ def cmd_unpack(args: argparse.Namespace) -> int:
     cache_dir = args.target or args.cache_dir or default_cache_dir()
     out = _bundle_call(unpack, args.bundle, cache_dir, limits=_limits(args))
     print(f"unpacked {args.bundle} into {out['cache_dir']}: {out['published']} entries published, "
-          f"{out['kept']} already present, {out['merged']} programs merged; signature {out['signature']}; {out['seconds']:.2f}s")
+          f"{out['kept']} already present ({out.get('runtime_caches_added', 0)} run-time caches added to them), "
+          f"{out['merged']} programs merged; signature {out['signature']}; {out['seconds']:.2f}s")
     _warn_versions(out)
     return 0
 

@@ -27,257 +27,48 @@ Those bytes are executed, so they follow the entry's rule: only verified bytes r
 A process that verified the directory re-checks it (``stat`` only, no hashing) after the
 first run and at exit: when GE added or rewrote files it is sealed again. Sealed caches
 travel with their seal (``bundle.py``, ``remote.py``), verified again on arrival.
+
+This module is the life of a cache in a process (prepare, first run, seal); the seal's
+format and bytes are ``runtime_seal.py``, checking a directory against it
+``runtime_verify.py``, locks and setting aside ``runtime_lock.py``, carrying caches in
+bounded memory ``runtime_carry.py``, their state for the CLI ``runtime_status.py``. Their
+public names are re-exported here.
 """
 
 from __future__ import annotations
 
-import errno
-import hashlib
-import json
 import os
-import stat
 import threading
-import time
-import uuid
 from typing import Any
 
 from . import fs_security as fs
 from .logs import log
-from .stats import record
-from .store_layout import QUARANTINE_DIR, loads_bounded
+from .runtime_lock import _LOCK_EX, _LOCK_SH, _drop_leftovers, _layout, _locked, _open_files_dir, set_aside
+from .runtime_seal import (
+    MAX_DEPTH,
+    MAX_FILES,
+    MAX_SEAL_BYTES,
+    SEAL_FORMAT,
+    SEAL_SUFFIX,
+    SEAL_VERSION,
+    SUBDIRS,
+    SealMismatch,
+    _read_seal,
+    _read_seal_quiet,
+    _write_seal,
+    encode_seal,
+    parse_seal,
+    plain_name,
+    seal_name,
+    valid_rel,
+)
+from .runtime_verify import _digest_file, _lexists, _scan, _snapshot, check
 
-#: the run-time cache directories the project points GE / torchair at inside an entry's files
-SUBDIRS = ("ge_cache", "fw.ge_cache", "bw.ge_cache", "static_kernels")
-SEAL_SUFFIX = ".seal.json"
-SEAL_FORMAT = "tcb-runtime-cache-seal"
-SEAL_VERSION = 1
-#: bounds on what a seal may describe (a seal is untrusted input until checked)
-MAX_DEPTH = 8
-MAX_FILES = 100_000
-MAX_SEAL_BYTES = 64 << 20
-_CHUNK = 1 << 20
-
-
-class SealMismatch(Exception):
-    """A run-time cache that does not match its seal (or has none); the message says which check."""
-
-
-def seal_name(subdir: str) -> str:
-    return subdir + SEAL_SUFFIX
-
-
-def plain_name(name: Any) -> bool:
-    """One path component GE may write: not empty, ``.`` or ``..``, no separator or NUL
-    (hidden names allowed: GE's own index and lock files may be)."""
-    return (isinstance(name, str) and name not in ("", ".", "..") and "/" not in name and "\\" not in name
-            and "\0" not in name)
-
-
-def valid_rel(rel: Any) -> bool:
-    """A relative path inside a run-time cache: 1..MAX_DEPTH plain names joined by ``/``."""
-    if not isinstance(rel, str):
-        return False
-    parts = rel.split("/")
-    return 0 < len(parts) <= MAX_DEPTH and all(plain_name(p) for p in parts)
-
-
-# ---------------------------------------------------------------- seal bytes
-def _canonical(obj: Any) -> bytes:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
-
-
-def encode_seal(key: str, subdir: str, files: dict[str, tuple[int, str]]) -> bytes:
-    """The seal of ``files`` (rel -> (size, sha256)) of run-time cache ``subdir`` of entry ``key``."""
-    body: dict[str, Any] = {
-        "format": SEAL_FORMAT, "version": SEAL_VERSION, "key": key, "cache": subdir,
-        "files": {rel: {"size": size, "sha256": digest} for rel, (size, digest) in sorted(files.items())},
-    }
-    body["digest"] = hashlib.sha256(_canonical(body)).hexdigest()
-    return _canonical(body)
-
-
-def parse_seal(raw: bytes, key: str, subdir: str) -> dict[str, tuple[int, str]]:
-    """rel -> (size, sha256) of a seal, after its bounds, schema, binding and digest checks."""
-    if len(raw) > MAX_SEAL_BYTES:
-        raise SealMismatch(f"its seal is {len(raw)} bytes, over {MAX_SEAL_BYTES}")
-    try:
-        body = loads_bounded(raw)
-    except ValueError as exc:
-        raise SealMismatch(f"its seal is not valid JSON ({exc}); truncated?") from None
-    if not isinstance(body, dict) or body.get("format") != SEAL_FORMAT or body.get("version") != SEAL_VERSION:
-        raise SealMismatch("its seal has another format")
-    digest = body.pop("digest", None)
-    if not isinstance(digest, str) or hashlib.sha256(_canonical(body)).hexdigest() != digest:
-        raise SealMismatch("its seal fails its own digest (corrupted or altered)")
-    if body.get("key") != key or body.get("cache") != subdir:
-        raise SealMismatch(f"its seal belongs to {str(body.get('key'))[:12]}/{body.get('cache')}, not {key[:12]}/{subdir}")
-    files = body.get("files")
-    if not isinstance(files, dict) or len(files) > MAX_FILES:
-        raise SealMismatch("its seal's file list is malformed")
-    out: dict[str, tuple[int, str]] = {}
-    for rel, info in files.items():
-        ok = (valid_rel(rel) and isinstance(info, dict) and type(info.get("size")) is int and info["size"] >= 0
-              and isinstance(info.get("sha256"), str) and len(info["sha256"]) == 64)
-        if not ok:
-            raise SealMismatch(f"its seal's record of {str(rel)[:80]!r} is malformed")
-        out[rel] = (info["size"], info["sha256"])
-    return out
-
-
-# ---------------------------------------------------------------- walking a directory by fds
-def _scan(dir_fd: int, prefix: str = "", depth: int = 1, out: dict[str, os.stat_result] | None = None,
-          ) -> dict[str, os.stat_result]:
-    """rel -> lstat of every regular file below ``dir_fd`` (never following a link).
-    SealMismatch for a symlink, a special file, a foreign owner, an odd name, too deep or too many."""
-    out = {} if out is None else out
-    uid = os.geteuid()
-    for name in sorted(os.listdir(dir_fd)):
-        rel = prefix + name
-        if not plain_name(name):
-            raise SealMismatch(f"{rel!r} is not a plain file name")
-        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-        if stat.S_ISLNK(st.st_mode):
-            raise SealMismatch(f"{rel!r} is a symlink")
-        if st.st_uid != uid:
-            raise SealMismatch(f"{rel!r} is owned by uid {st.st_uid}, not {uid}")
-        if stat.S_ISDIR(st.st_mode):
-            if depth >= MAX_DEPTH:
-                raise SealMismatch(f"{rel!r} nests deeper than {MAX_DEPTH}")
-            sub = os.open(name, fs.DIR_OPEN_FLAGS, dir_fd=dir_fd)
-            try:
-                _scan(sub, rel + "/", depth + 1, out)
-            finally:
-                os.close(sub)
-        elif stat.S_ISREG(st.st_mode):
-            out[rel] = st
-            if len(out) > MAX_FILES:
-                raise SealMismatch(f"more than {MAX_FILES} files")
-        else:
-            raise SealMismatch(f"{rel!r} is not a regular file")
-    return out
-
-
-def _open_rel(dir_fd: int, rel: str) -> int:
-    """fd of file ``rel`` below ``dir_fd``, no level followed through a link."""
-    parts = rel.split("/")
-    fd = dir_fd
-    try:
-        for part in parts[:-1]:
-            nxt = os.open(part, fs.DIR_OPEN_FLAGS, dir_fd=fd)
-            if fd != dir_fd:
-                os.close(fd)
-            fd = nxt
-        return os.open(parts[-1], os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0), dir_fd=fd)
-    finally:
-        if fd != dir_fd:
-            os.close(fd)
-
-
-def _digest_file(dir_fd: int, rel: str, expect: os.stat_result) -> str:
-    """sha256 of file ``rel``; it must still be the file scanned."""
-    fd = _open_rel(dir_fd, rel)
-    with open(fd, "rb", buffering=0) as f:
-        st = os.fstat(fd)
-        if (st.st_ino, st.st_dev) != (expect.st_ino, expect.st_dev) or not stat.S_ISREG(st.st_mode):
-            raise SealMismatch(f"{rel!r} was replaced while it was checked")
-        return hashlib.file_digest(f, "sha256").hexdigest()
-
-
-def _snapshot(found: dict[str, os.stat_result]) -> dict[str, tuple[int, int, int]]:
-    return {rel: (st.st_size, st.st_mtime_ns, st.st_ino) for rel, st in found.items()}
-
-
-def check(dir_fd: int, sealed: dict[str, tuple[int, str]]) -> dict[str, tuple[int, int, int]]:
-    """Check the directory ``dir_fd`` against ``sealed``: the same files, sizes and sha256s
-    (hashed in pieces, nothing kept). Returns its stat snapshot; SealMismatch otherwise."""
-    found = _scan(dir_fd)
-    missing = sorted(set(sealed) - set(found))
-    if missing:
-        raise SealMismatch(f"{missing[0]!r} is missing ({len(missing)} file(s) the seal lists)")
-    extra = sorted(set(found) - set(sealed))
-    if extra:
-        raise SealMismatch(f"{extra[0]!r} is not in its seal ({len(extra)} unlisted file(s))")
-    for rel, (size, _) in sealed.items():
-        if found[rel].st_size != size:
-            raise SealMismatch(f"{rel!r} is {found[rel].st_size} bytes, its seal says {size}")
-    for rel, (_, digest) in sealed.items():
-        if _digest_file(dir_fd, rel, found[rel]) != digest:
-            raise SealMismatch(f"{rel!r} fails its sha256 (changed since it was sealed)")
-    return _snapshot(found)
-
-
-def _read_seal(files_fd: int, subdir: str) -> bytes | None:
-    try:
-        fd = os.open(seal_name(subdir), os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0),
-                     dir_fd=files_fd)
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise SealMismatch("its seal is a symlink") from None
-        raise
-    with open(fd, "rb", buffering=0) as f:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
-            raise SealMismatch("its seal is not a regular file of ours")
-        return f.read(MAX_SEAL_BYTES + 1)
-
-
-# ---------------------------------------------------------------- where an entry's caches live
-def _layout(files_dir: str) -> tuple[str, str, str]:
-    """(store root, kind, key) of ``<root>/<kind>/<key>/files``."""
-    entry = os.path.dirname(os.path.abspath(files_dir))
-    kind_dir = os.path.dirname(entry)
-    return os.path.dirname(kind_dir), os.path.basename(kind_dir), os.path.basename(entry)
-
-
-def _open_files_dir(files_dir: str) -> int:
-    return fs.open_dir(os.path.abspath(files_dir), root=files_dir)
-
-
-def set_aside(files_dir: str, subdir: str, reason: str, files_fd: int | None = None) -> bool:
-    """Move run-time cache ``subdir`` (and its seal) of the entry into ``<root>/quarantine/``,
-    reported once and counted; False when it cannot be moved (then it must not be used)."""
-    root, kind, key = _layout(files_dir)
-    own = files_fd is None
-    try:
-        if own:
-            files_fd = _open_files_dir(files_dir)
-        assert files_fd is not None
-        rfd = os.open(root, fs.DIR_OPEN_FLAGS)
-        try:
-            try:
-                os.mkdir(QUARANTINE_DIR, fs.DIR_MODE, dir_fd=rfd)
-            except FileExistsError:
-                pass
-            qfd = fs.open_dir(QUARANTINE_DIR, dir_fd=rfd, root=root)
-        finally:
-            os.close(rfd)
-        try:
-            dst = f"{kind}-{key[:32]}-{subdir}-{int(time.time())}-{uuid.uuid4().hex[:6]}"
-            os.mkdir(dst, fs.DIR_MODE, dir_fd=qfd)
-            dfd = fs.open_dir(dst, dir_fd=qfd, root=root)
-            try:
-                for name in (subdir, seal_name(subdir)):
-                    try:
-                        os.rename(name, name, src_dir_fd=files_fd, dst_dir_fd=dfd)
-                    except FileNotFoundError:
-                        pass
-            finally:
-                os.close(dfd)
-        finally:
-            os.close(qfd)
-    except (OSError, fs.CacheSecurityError) as exc:
-        log.warning("npu_cached: the run-time cache %s of cache entry %s/%s is not trusted (%s) and cannot be set "
-                    "aside (%s); GE caches into a private temporary directory", subdir, kind, key[:12], reason, exc)
-        return False
-    finally:
-        if own and files_fd is not None:
-            os.close(files_fd)
-    record(runtime_caches_set_aside=1)
-    log.warning("npu_cached: the run-time cache %s of cache entry %s/%s is not trusted (%s); moved to %s and GE "
-                "rebuilds it", subdir, kind, key[:12], reason, os.path.join(root, QUARANTINE_DIR, dst))
-    return True
+__all__ = [
+    "MAX_DEPTH", "MAX_FILES", "MAX_SEAL_BYTES", "SEAL_FORMAT", "SEAL_SUFFIX", "SEAL_VERSION", "SUBDIRS", "RuntimeCache",
+    "SealMismatch", "check", "collect", "encode_seal", "install", "parse_seal", "plain_name", "prepare", "seal_name",
+    "set_aside", "valid_rel",
+]
 
 
 # ---------------------------------------------------------------- a cache in this process
@@ -360,7 +151,7 @@ class RuntimeCache:
         finally:
             os.close(files_fd)
         self._sealed_once = True
-        _published(self)
+        _published(self, raw, files)
         return True
 
     def _release(self) -> None:
@@ -368,33 +159,6 @@ class RuntimeCache:
         fd, self._lock_fd = self._lock_fd, None
         if fd is not None:
             os.close(fd)  # releases the writer's flock
-
-
-_LOCK_SH = 1 if fs.fcntl is None else fs.fcntl.LOCK_SH
-_LOCK_EX = 2 if fs.fcntl is None else fs.fcntl.LOCK_EX
-_LOCK_NB = 4 if fs.fcntl is None else fs.fcntl.LOCK_NB
-
-
-def _read_seal_quiet(files_fd: int, subdir: str) -> bytes | None:
-    try:
-        return _read_seal(files_fd, subdir)
-    except (OSError, SealMismatch):
-        return None
-
-
-def _write_seal(*, files_dir_fd: int, subdir: str, raw: bytes) -> None:
-    """Temp file (0600, fsync'd) renamed over the seal, then the directory fsync'd."""
-    tmp = f".{seal_name(subdir)}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    fs.write_at(files_dir_fd, tmp, raw)
-    try:
-        os.rename(tmp, seal_name(subdir), src_dir_fd=files_dir_fd, dst_dir_fd=files_dir_fd)
-    except BaseException:
-        try:
-            os.unlink(tmp, dir_fd=files_dir_fd)
-        except OSError:
-            pass
-        raise
-    os.fsync(files_dir_fd)
 
 
 def prepare(files_dir: str, subdir: str) -> RuntimeCache | None:
@@ -452,32 +216,6 @@ def _verify_shared(files_dir: str, files_fd: int, subdir: str, key: str) -> Runt
         os.close(fd)
 
 
-def _locked(fd: int, mode: int, files_dir: str, subdir: str) -> bool:
-    """Take ``mode`` on the cache directory without waiting; False (logged) while another
-    process writes it: GE then caches into a private temporary directory."""
-    if fs.flock(fd, mode | _LOCK_NB):
-        return True
-    log.info("npu_cached: the run-time cache %s is being written by another process; GE caches into a "
-             "private temporary directory", os.path.join(files_dir, subdir))
-    return False
-
-
-def _drop_leftovers(files_fd: int, subdir: str) -> None:
-    """Temporary files of a seal or an install that died midway (both run under the files dir's
-    exclusive lock, which the caller holds now: any left is a dead writer's, never published)."""
-    import shutil
-
-    for name in os.listdir(files_fd):
-        if name.startswith((f".{subdir}.tmp-", f".{seal_name(subdir)}.tmp-")):
-            try:
-                if stat.S_ISDIR(os.stat(name, dir_fd=files_fd, follow_symlinks=False).st_mode):
-                    shutil.rmtree(name, dir_fd=files_fd)
-                else:
-                    os.unlink(name, dir_fd=files_fd)
-            except OSError as exc:
-                log.debug("npu_cached: cannot remove the leftover %s: %r", name, exc)
-
-
 def _prepare_locked(files_dir: str, files_fd: int, subdir: str, key: str) -> RuntimeCache | None:
     _drop_leftovers(files_fd, subdir)
     try:
@@ -510,14 +248,6 @@ def _prepare_locked(files_dir: str, files_fd: int, subdir: str, key: str) -> Run
     finally:
         if fd is not None and not keep_fd:
             os.close(fd)
-
-
-def _lexists(dir_fd: int, name: str) -> bool:
-    try:
-        os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-        return True
-    except OSError:
-        return False
 
 
 def _rebuild(files_dir: str, files_fd: int, subdir: str, key: str, reason: str) -> RuntimeCache | None:
@@ -573,6 +303,7 @@ def _from_remote(files_dir: str, files_fd: int, subdir: str, key: str) -> Runtim
 
 def _at_exit() -> None:
     """GE may add files after the first run: seal what changed (stat only when nothing did)."""
+    _EXITING.set()
     with _ACTIVE_LOCK:
         caches = list(_ACTIVE)
     for cache in caches:
@@ -607,20 +338,52 @@ def install(files_dir: str, subdir: str, seal_raw: bytes, files: Any) -> bool:
     return runtime_carry.install(files_dir, subdir, seal_raw, fill)
 
 
-def _published(cache: RuntimeCache) -> None:
-    """A newly sealed cache goes to the remote too, when the entry's root has one (streamed
-    from disk, each file checked against the seal as it is sent)."""
+#: uploads of sealed caches still running (a process's exit waits for them: they are not daemons)
+_UPLOADS: list[threading.Thread] = []
+_EXITING = threading.Event()
+
+
+def _published(cache: RuntimeCache, seal_raw: bytes, files: dict[str, tuple[int, str]]) -> None:
+    """A newly sealed cache goes to the remote too, when the entry's root has one: streamed from
+    disk, each file checked against the seal just written as it is sent (one that changed since
+    aborts the upload, never served). GE's compiled models are often GBs, so the upload runs in
+    a thread of its own (the first call returns without waiting for it); the process's exit
+    waits for it (an upload cut short by a kill is never served: its record is never written)."""
     root, kind, key = _layout(cache.files_dir)
     try:
         from . import layers
-        from .runtime_carry import sealed_caches
 
         lay = layers.layers_of(root)
         remote = lay.remote() if lay is not None else None
-        if remote is None:
-            return
-        found, _ = sealed_caches(cache.files_dir)
-        if cache.subdir in found:
-            remote.put_runtime(kind, key, found[cache.subdir])
     except Exception as exc:  # noqa: BLE001 - the remote never fails a call
-        log.debug("npu_cached: publishing the run-time cache %s to the remote failed: %r", cache.path, exc)
+        log.debug("npu_cached: no remote for the run-time cache %s: %r", cache.path, exc)
+        return
+    if remote is None:
+        return
+    from .runtime_carry import Sealed
+
+    sealed = Sealed(cache.files_dir, cache.subdir, key, seal_raw, files)
+
+    def upload() -> None:
+        try:
+            remote.put_runtime(kind, key, sealed)
+        except Exception as exc:  # noqa: BLE001 - the remote never fails a call
+            log.debug("npu_cached: publishing the run-time cache %s to the remote failed: %r", cache.path, exc)
+
+    if _EXITING.is_set():  # re-sealed at exit: no thread may start now
+        upload()
+        return
+    thread = threading.Thread(target=upload, name=f"tcb-publish-{cache.subdir}-{key[:8]}", daemon=False)
+    with _ACTIVE_LOCK:
+        _UPLOADS[:] = [t for t in _UPLOADS if t.is_alive()]
+        _UPLOADS.append(thread)
+    thread.start()
+
+
+def wait_for_uploads(timeout: float | None = None) -> bool:
+    """Wait for this process's uploads of sealed caches; False if some still run after ``timeout``."""
+    with _ACTIVE_LOCK:
+        threads = list(_UPLOADS)
+    for thread in threads:
+        thread.join(timeout)
+    return not any(t.is_alive() for t in threads)

@@ -7,7 +7,7 @@ carried one is written through :class:`Staging`: each file streamed into a tempo
 directory next to the cache (``.<cache>.tmp-*``, fsync'd, sha256 checked while written),
 renamed into place only when every file the seal lists passed, then the seal written.
 A crash midway leaves only the temporary directory, which no reader looks at and the next
-writer removes (``runtime_cache._drop_leftovers``): never a half-written cache GE could run.
+writer removes (``runtime_lock._drop_leftovers``): never a half-written cache GE could run.
 """
 
 from __future__ import annotations
@@ -22,21 +22,9 @@ from typing import Any
 
 from . import fs_security as fs
 from .logs import log
-from .runtime_cache import (
-    _LOCK_EX,
-    SUBDIRS,
-    SealMismatch,
-    _layout,
-    _lexists,
-    _open_files_dir,
-    _open_rel,
-    _read_seal,
-    _write_seal,
-    check,
-    parse_seal,
-    seal_name,
-    valid_rel,
-)
+from .runtime_lock import _LOCK_EX, _layout, _open_files_dir
+from .runtime_seal import SUBDIRS, SealMismatch, _read_seal, _write_seal, parse_seal, seal_name, valid_rel
+from .runtime_verify import _lexists, _open_rel, check
 
 #: bytes read or written per step when carrying a file
 CHUNK = 1 << 20

@@ -13,20 +13,9 @@ from __future__ import annotations
 import os
 
 from . import fs_security as fs
-from .runtime_cache import (
-    _LOCK_EX,
-    _LOCK_NB,
-    _LOCK_SH,
-    SUBDIRS,
-    SealMismatch,
-    _layout,
-    _open_files_dir,
-    _read_seal,
-    _scan,
-    check,
-    parse_seal,
-    set_aside,
-)
+from .runtime_lock import _LOCK_EX, _LOCK_NB, _LOCK_SH, _layout, _open_files_dir, set_aside
+from .runtime_seal import SUBDIRS, SealMismatch, _read_seal, parse_seal
+from .runtime_verify import _scan, check
 
 SEALED, UNSEALED, WRITING, BROKEN = "sealed", "unsealed", "being written", "broken"
 

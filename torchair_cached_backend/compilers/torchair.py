@@ -181,16 +181,22 @@ def _point_caches(
     return caches
 
 
-def _first_run_slot(kernel: Callable[..., Any], caches: list[Any]) -> list[Callable[..., Any]]:
+def _first_run_slot(kernel: Callable[..., Any], caches: list[Any] | Callable[[], list[Any]]) -> list[Callable[..., Any]]:
     """A one-item list holding what to call: until ``kernel``'s first run returns (GE has
-    written ``caches`` then), a wrapper that seals them afterwards; then ``kernel`` itself,
-    so the steady-state call costs one list index."""
+    written its run-time caches then), a wrapper that seals them afterwards; then ``kernel``
+    itself, so the steady-state call costs one list index. ``caches``: the caches, or what
+    points them (called once, at the first call before it runs: a cold process's GE loads
+    the graph then, after the entry was published)."""
     slot = [kernel]
-    if caches:
+    if callable(caches) or caches:
+        pointed: list[list[Any]] = [] if callable(caches) else [caches]
+
         def first_run(*args: Any) -> Any:
+            if not pointed:  # once, even if the first run raises (this process then writes the caches)
+                pointed.append(caches())  # type: ignore[operator]
             out = kernel(*args)
             slot[0] = kernel
-            for cache in caches:
+            for cache in pointed[0]:
                 cache.after_run()
             return out
 
@@ -342,27 +348,14 @@ def _converter_name(digest: str) -> str:
 def _first_call_points_caches(
     module: types.ModuleType, files_dir: str | None, ge_cache: bool, ge_subdir: str = GE_CACHE_SUBDIR
 ) -> Callable[..., Any]:
-    """The cold process's kernel: GE loads the graph at its first run, after the
-    backend published the entry, so the caches are pointed (and created) then - into
-    the entry if it was published, else into a private temporary directory - and
-    sealed when that run returns (GE has written them then)."""
-    kernel = module.kernel
-    current: list[Callable[..., Any]] = []
-    pointed: list[list[Any]] = []
-
-    def first_call(*args: Any) -> Any:
-        if not pointed:  # once, even if the first run raises (this process then writes the caches)
-            pointed.append(_point_caches(module, _published_files_dir(files_dir), ge_cache, ge_subdir))
-        out = kernel(*args)
-        current[0] = kernel  # GE has written its caches: seal them, and call straight through from now on
-        for cache in pointed[0]:
-            cache.after_run()
-        return out
-
-    current.append(first_call)
+    """The cold process's kernel: its caches are pointed (and created) at the first run -
+    into the entry if it was published by then, else into a private temporary directory -
+    and sealed when that run returns (:func:`_first_run_slot`)."""
+    slot = _first_run_slot(module.kernel, lambda: _point_caches(module, _published_files_dir(files_dir), ge_cache,
+                                                                 ge_subdir))
 
     def call(*args: Any) -> Any:
-        return current[0](*args)
+        return slot[0](*args)
 
     return call
 
