@@ -322,3 +322,38 @@ def test_a_sealed_cache_is_published_without_holding_up_the_first_call(entry, re
     finally:
         release.set()
         layers._BY_ROOT.pop(os.path.abspath(root), None)
+
+
+def test_exit_waits_for_an_upload_only_up_to_its_bound(tmp_path, redis_server):
+    """A slow link must not hang a shutdown: the exit waits ``TORCHAIR_CACHE_UPLOAD_WAIT`` seconds for a
+    running upload, then abandons it (logged) and the record never appears (another node builds it)."""
+    import subprocess
+    import sys
+    import time
+
+    url = redis_server.url(db=44)
+    child = f"""
+import os, time
+from torchair_cached_backend import layers, runtime_cache as rc
+from torchair_cached_backend.remote import RedisRemote
+from torchair_cached_backend.store import Store
+RedisRemote.put_runtime = lambda self, *a: time.sleep(60)  # a link that takes a minute
+root = {str(tmp_path / 'cache')!r}
+files = os.path.join(Store(root, "graphs").save({KEY!r}, {{"g.py": b"1"}}, {{"compiler": "torchair"}}), "files")
+layers.configure(root, remote={url!r})
+cache = rc.prepare(files, "ge_cache")
+open(os.path.join(cache.path, "m.om"), "wb").write(b"a model")
+cache.after_run()
+print("first call returned", flush=True)
+"""
+    env = dict(os.environ, TORCHAIR_CACHE_UPLOAD_WAIT="1")
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", child], env=env, capture_output=True, text=True, timeout=45)
+    took = time.monotonic() - t0
+    assert proc.returncode == 0, proc.stderr
+    assert "first call returned" in proc.stdout
+    assert took < 40, f"the exit waited {took:.0f} s for the upload"
+    assert "TORCHAIR_CACHE_UPLOAD_WAIT" in proc.stderr, proc.stderr  # says which upload it left and how to wait longer
+    from torchair_cached_backend.remote import RedisRemote
+
+    assert RedisRemote(url).get_runtime("graphs", KEY, rc.SUBDIRS) == {}

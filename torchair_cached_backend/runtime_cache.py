@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from typing import Any
 
 from . import fs_security as fs
@@ -314,6 +315,35 @@ def _at_exit() -> None:
                 cache.seal()
         except Exception as exc:  # noqa: BLE001
             log.debug("npu_cached: re-seal of %s at exit failed: %r", cache.path, exc)
+    _join_uploads_at_exit()
+
+
+#: seconds a process's exit waits, in all, for uploads of sealed caches still running
+UPLOAD_WAIT_ENV = "TORCHAIR_CACHE_UPLOAD_WAIT"
+_UPLOAD_WAIT_DEFAULT = 120.0
+
+
+def _upload_wait() -> float:
+    raw = os.environ.get(UPLOAD_WAIT_ENV, "")
+    try:
+        return max(0.0, float(raw)) if raw else _UPLOAD_WAIT_DEFAULT
+    except ValueError:
+        log.warning("npu_cached: %s=%r is not a number of seconds; waiting %.0f s", UPLOAD_WAIT_ENV, raw,
+                    _UPLOAD_WAIT_DEFAULT)
+        return _UPLOAD_WAIT_DEFAULT
+
+
+def _join_uploads_at_exit() -> None:
+    """The exit waits for running uploads, but not forever (a slow link must not hang a
+    shutdown): an upload still running after the bound is abandoned, and since its record
+    is written last, another node never sees it; it publishes the cache itself."""
+    if wait_for_uploads(_upload_wait()):
+        return
+    with _ACTIVE_LOCK:
+        left = [t.name for t in _UPLOADS if t.is_alive()]
+    log.warning("npu_cached: exiting before %d upload(s) of run-time caches to the remote finished (%s): other "
+                "nodes build them themselves; set %s (seconds, now %.0f) to wait longer", len(left),
+                ", ".join(left), UPLOAD_WAIT_ENV, _upload_wait())
 
 
 # ---------------------------------------------------------------- travel (bundles, the remote): runtime_carry.py
@@ -338,7 +368,7 @@ def install(files_dir: str, subdir: str, seal_raw: bytes, files: Any) -> bool:
     return runtime_carry.install(files_dir, subdir, seal_raw, fill)
 
 
-#: uploads of sealed caches still running (a process's exit waits for them: they are not daemons)
+#: uploads of sealed caches still running (the exit waits for them, bounded: ``_join_uploads_at_exit``)
 _UPLOADS: list[threading.Thread] = []
 _EXITING = threading.Event()
 
@@ -348,7 +378,8 @@ def _published(cache: RuntimeCache, seal_raw: bytes, files: dict[str, tuple[int,
     disk, each file checked against the seal just written as it is sent (one that changed since
     aborts the upload, never served). GE's compiled models are often GBs, so the upload runs in
     a thread of its own (the first call returns without waiting for it); the process's exit
-    waits for it (an upload cut short by a kill is never served: its record is never written)."""
+    waits for it up to ``TORCHAIR_CACHE_UPLOAD_WAIT`` seconds (an upload cut short is never
+    served: its record is never written)."""
     root, kind, key = _layout(cache.files_dir)
     try:
         from . import layers
@@ -373,7 +404,8 @@ def _published(cache: RuntimeCache, seal_raw: bytes, files: dict[str, tuple[int,
     if _EXITING.is_set():  # re-sealed at exit: no thread may start now
         upload()
         return
-    thread = threading.Thread(target=upload, name=f"tcb-publish-{cache.subdir}-{key[:8]}", daemon=False)
+    # a daemon: the exit waits for it in ``_at_exit``, bounded by TORCHAIR_CACHE_UPLOAD_WAIT
+    thread = threading.Thread(target=upload, name=f"tcb-publish-{cache.subdir}-{key[:8]}", daemon=True)
     with _ACTIVE_LOCK:
         _UPLOADS[:] = [t for t in _UPLOADS if t.is_alive()]
         _UPLOADS.append(thread)
@@ -381,9 +413,11 @@ def _published(cache: RuntimeCache, seal_raw: bytes, files: dict[str, tuple[int,
 
 
 def wait_for_uploads(timeout: float | None = None) -> bool:
-    """Wait for this process's uploads of sealed caches; False if some still run after ``timeout``."""
+    """Wait (``timeout`` seconds in all) for this process's uploads of sealed caches; False if
+    some still run then."""
     with _ACTIVE_LOCK:
         threads = list(_UPLOADS)
+    deadline = None if timeout is None else time.monotonic() + timeout
     for thread in threads:
-        thread.join(timeout)
+        thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
     return not any(t.is_alive() for t in threads)
