@@ -137,3 +137,18 @@ def test_function_digest_is_the_same_in_a_fresh_process():
               "print(_fn_digest(t._make(t._BODY, cell=('a', {'b': [1, 2.5]}))))")
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout.strip()
     assert out == _fn_digest(_make(_BODY, cell=("a", {"b": [1, 2.5]})))
+
+
+def test_names_split_off_the_hit_path_stay_importable_where_they_were():
+    from torchair_cached_backend import store, store_backend, store_protocol
+    from torchair_cached_backend.bypass import guard_cold, guard_runtime, loader, loader_miss, loader_routes
+
+    assert store.StorageBackend is store_backend.StorageBackend is store_protocol.StorageBackend
+    for name in ("pack_checks", "checks_meta", "short"):
+        assert getattr(guard_runtime, name) is getattr(guard_cold, name)
+    assert guard_runtime.ResolvedSite.__module__ == guard_runtime.__name__  # the backend route's warm path runs it
+    assert loader._stand_in is loader_miss._stand_in and loader._reason_kind("x was edited") == "function edited"
+    assert loader._load_ddp is loader_routes._load_ddp
+    assert loader._load_instance_forward is loader_routes._load_instance_forward
+    with pytest.raises(AttributeError):
+        guard_runtime.no_such_name  # noqa: B018
