@@ -8,7 +8,9 @@ and the KB of their compiled code (``marshal`` of each module's code object: wha
 ``.pyc`` holds, without the 16-byte header). With ``--route`` the backend route's warm
 start (``torch.compile(model, backend="npu_cached")`` on a warm cache, first call) is
 measured the same way; then the imports alone (each tree's warm-load modules, imported in a
-fresh process). Each tree fills its own cache in one untimed cold process first.
+fresh process). Each tree fills its own cache in one untimed cold process first. Every round
+also times eager's first call (the same model, no package): the replay's own cost (issue 18's
+measure, target <= 3 ms) is a warm start's import + load + first call minus that.
 
 usage: python benchmarks/warm_imports.py [--repeat 7] [--layers 4] [--route]
        [--package-root DIR] [--baseline-root DIR] [--note TEXT] [--out PATH]
@@ -63,6 +65,10 @@ def _child(action: str, cache_dir: str, layers: int) -> dict:
     out: dict = {}
     with torch.no_grad():
         model, inputs = hf_tiny.build("llama", size="bench")
+        if action == "eager":
+            t0 = time.perf_counter()
+            model(**inputs)
+            return {"eager_call_s": time.perf_counter() - t0}
         before = set(sys.modules)
         t0 = time.perf_counter()
         import torchair_cached_backend as tcb
@@ -117,9 +123,11 @@ def render(doc: dict) -> str:
         + (f" {doc['note']}" if doc.get("note") else ""),
         "",
         "| route, package | our modules imported | KB of their compiled code | import | load / compile() | "
-        "first call | import + load + first call |",
-        "|---|---|---|---|---|---|---|",
+        "first call | import + load + first call | replay's own cost (that - eager's first call) |",
+        "|---|---|---|---|---|---|---|---|",
     ]
+    eager = [r["eager_call_s"] for r in doc["runs"].get("eager", []) if "eager_call_s" in r]
+    eager_median = statistics.median(eager) if eager else None
     for route in doc["routes"]:
         for label in ("baseline", "now"):
             runs = doc["runs"].get(f"{route}:{label}") or []
@@ -127,9 +135,15 @@ def render(doc: dict) -> str:
             if not ok:
                 continue
             first = ok[0]
+            own = "-"
+            if eager_median is not None:
+                own = f"{(statistics.median(r['total_s'] for r in ok) - eager_median) * 1e3:.2f}"
             rows.append(f"| {route}, {label} | {len(first['modules'])} | {first['total_bytes'] / 1024:.0f} "
                         f"| {_stats(ok, 'import_s')} | {_stats(ok, 'load_s')} | {_stats(ok, 'call_s')} "
-                        f"| {_stats(ok, 'total_s')} |")
+                        f"| {_stats(ok, 'total_s')} | {own} |")
+    if eager:
+        rows += ["", f"Eager's first call (same model, same processes' setup, round-robin with the above): "
+                 f"{_stats(doc['runs']['eager'], 'eager_call_s')} ms."]
     imports = {label: [r for r in doc["runs"].get(f"imports:{label}", []) if "imports_s" in r]
                for label in ("baseline", "now")}
     if any(imports.values()):
@@ -179,6 +193,7 @@ def main() -> None:
         if "error" in cold:
             sys.exit(f"cold run failed ({label}): {cold['error']}")
     for _ in range(a.repeat):
+        doc["runs"].setdefault("eager", []).append(_spawn(a.package_root, ["eager", "-", str(a.layers)]))
         for route in routes:
             for label, root in roots.items():
                 action = "warm" if route == "load()" else "route"
