@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import sys
 import tempfile
@@ -98,6 +99,49 @@ def _sizes(cache_dir: str) -> dict:
     return out
 
 
+_FIRST_CALL = re.compile(r"first call ([\d.]+) ms \(check ([\d.]+), run ([\d.]+)\)")
+_BEFORE = re.compile(r"imported before the load: ([\d.]+) ms \((\d+) modules\)")
+
+
+def parse_profile(line: str) -> dict[str, float]:
+    """The ``TCB_PROFILE`` line's numbers, ms (module counts as numbers too): ``load`` and each
+    load phase, ``first call`` with its ``check`` and ``run``, ``imported before the load``."""
+    out: dict[str, float] = {}
+    head, _, rest = line.partition(" ms = ")
+    out["load"] = float(head.rsplit(" ", 1)[-1])
+    phases = rest.split(" | ", 1)[0]
+    for part in phases.split(" + "):
+        words = part.split(" (")[0].rsplit(" ", 1)
+        if len(words) == 2:
+            out[words[0]] = float(words[1])
+        modules = re.search(r"\((\d+) modules\)", part)
+        if modules:
+            out[f"{words[0]}: modules"] = float(modules.group(1))
+    first = _FIRST_CALL.search(line)
+    if first:
+        out["first call"], out["first call: check"], out["first call: run"] = map(float, first.groups())
+    before = _BEFORE.search(line)
+    if before:
+        out["imported before the load"] = float(before.group(1))
+        out["imported before the load: modules"] = float(before.group(2))
+    return out
+
+
+def _profile_table(lines: list[str]) -> list[str]:
+    """Median (min-max) of each number of the profile lines, in the line's order."""
+    parsed = [parse_profile(line) for line in lines]
+    names: list[str] = []
+    for p in parsed:
+        names += [n for n in p if n not in names]
+    rows = ["| `TCB_PROFILE` part | median | min | max |", "|---|---|---|---|"]
+    for name in names:
+        values = [p[name] for p in parsed if name in p]
+        fmt = "{:.0f}" if name.endswith("modules") else "{:.2f}"
+        rows.append(f"| {name} | " + " | ".join(fmt.format(v) for v in (statistics.median(values), min(values),
+                                                                          max(values))) + " |")
+    return rows
+
+
 def _median(runs: list[dict], key: str) -> float | None:
     values = [r[key] for r in runs if key in r]
     return statistics.median(values) if values else None
@@ -127,7 +171,11 @@ def render(doc: dict) -> str:
                  f"{(warm - eager) * 1e3:.2f} ms"]
     profiles = [r["profile"] for r in doc.get("warm_profiled", []) if r.get("profile")]
     if profiles:
-        rows += ["", "`TCB_PROFILE=1` breakdown of one warm start:", "", "```", profiles[len(profiles) // 2], "```"]
+        rows += ["", "`TCB_PROFILE=1` breakdown of one warm start:", "", "```", profiles[len(profiles) // 2], "```",
+                 "", f"The same lines' numbers over the {len(profiles)} profiled warm starts, ms (phases exclusive: "
+                 "they add up to the load; imports are our modules', timed from the finders' search to the end of "
+                 "the module's body; those `tcb.load` itself imported are \"imported before the load\"):", ""]
+        rows += _profile_table(profiles)
     baseline = doc.get("baseline") or {}
     if baseline:
         rows += ["", f"## Against the baseline package ({doc.get('baseline_root')}), round-robin in the same run", "",

@@ -253,7 +253,7 @@ def test_nothing_needless_imported_by_a_warm_start(stacks):
 
 
 def test_a_warm_load_imports_only_the_read_side(stacks):
-    # a fresh process without TCB_PROFILE (which imports the load's modules up front): what
+    # a fresh process without TCB_PROFILE, as a user starts: what
     # the package's import plus one load and call bring in, against what only a compile needs
     dirs, _ = stacks
     out = run_python(STACK + textwrap.dedent(f"""
