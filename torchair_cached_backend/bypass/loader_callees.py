@@ -16,7 +16,7 @@ from typing import Any
 from ..logs import log
 from ..options import BackendOptions
 from . import loader
-from .loader import CacheMiss, _stand_in
+from .loader import CacheMiss
 from .replay import ReplayedFunction
 
 
@@ -51,6 +51,8 @@ def install_callees(bound_self: Any, callees: list[dict[str, str]], options: Bac
             replay: Callable[..., Any] = loader.build_replay(method, options)
         except CacheMiss as miss:
             log.info("npu_cached: %s calls %s.%s: %s; compiling it instead", name, path or "self", attr, miss)
+            from .loader_miss import _stand_in  # only a miss needs it
+
             replay = _stand_in(method, options, miss)
         if isinstance(owner, torch.nn.Module) or hasattr(owner, "__dict__"):
             owner.__dict__[attr] = replay
@@ -72,6 +74,8 @@ def global_callees(builder: Any, callees: list[dict[str, str]]) -> dict[str, str
                 replay: Callable[..., Any] = loader.build_replay(func, builder.options)
             except CacheMiss as miss:
                 log.info("npu_cached: %s calls %s: %s; compiling it instead", builder.func.__qualname__, name, miss)
+                from .loader_miss import _stand_in
+
                 replay = _stand_in(func, builder.options, miss)
             builder.scope[ours] = replay
         renames[name] = ours
