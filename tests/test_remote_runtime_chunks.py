@@ -260,3 +260,40 @@ def test_a_cache_published_in_the_former_layout_is_still_fetched(redis_server, t
                          "files")
     found = RedisRemote(url).get_runtime("graphs", KEY, rc.SUBDIRS)
     assert not rc.install(other, "ge_cache", *found["ge_cache"]) and os.listdir(other) == ["g.py"]
+
+
+def test_a_cache_that_would_fill_the_disk_is_not_fetched(redis_server, tmp_path):
+    """The seal says how many bytes come: a cache that would not leave room to spare on the
+    reader's filesystem (a 40 MiB tmpfs for a 48 MiB cache) is refused before one chunk is
+    read, so the host's other writes never meet a full disk; GE builds its own there."""
+    import json
+    import shutil
+    import subprocess
+    import sys
+
+    import pytest
+    import redis
+    from subprocess_helpers import REPO
+
+    if shutil.which("unshare") is None or os.geteuid() != 0:
+        pytest.skip("needs root and unshare(1)")
+    url = redis_server.url(db=55)
+    _node(url, str(tmp_path / "a"))  # published
+    conn = redis.Redis(host="127.0.0.1", port=redis_server.port, db=55)
+    small = str(tmp_path / "small")
+    os.makedirs(small)
+    code = ("import json as _json\ndef emit(obj):\n    print(_json.dumps(obj, default=str))\n"
+            + _code(os.path.join(small, "cache"), sizes={}))
+    env = dict(os.environ, OMP_NUM_THREADS="1", TORCHAIR_CACHE_REMOTE=url,
+               PYTHONPATH=os.pathsep.join([REPO, os.path.join(REPO, "tests")]))
+    sent_before = conn.info("stats")["total_net_output_bytes"]
+    proc = subprocess.run(["unshare", "-m", "sh", "-ec", f"mount -t tmpfs -o size=40m,mode=0700 tmpfs {small} && "
+                           'exec "$@"', "sh", sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    sent = conn.info("stats")["total_net_output_bytes"] - sent_before
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["writer"] and out["fetched"] == {}, out  # not taken: GE builds it here
+    assert out["left"] == ["ge_cache", "torchair_graph.py"], out  # no staging left behind
+    assert sent < 4 * MIB, f"{sent} bytes were sent to a node that had no room for them"
+    assert "needs 48.0 MiB" in proc.stderr and "free space" in proc.stderr, proc.stderr[-2000:]

@@ -361,7 +361,7 @@ WARM_PATH_MODULES = frozenset("torchair_cached_backend" + m for m in (
     ".fs_security", ".store_layout", ".store_backend", ".store", ".graph_load",
     ".compilers", ".compilers.eager",
     ".bypass", ".bypass.loader", ".bypass.program", ".bypass.replay", ".bypass.sources",
-    ".bypass.code_names", ".bypass.dynamo_stub", ".bypass.guard_runtime", ".bypass.world_state",
+    ".bypass.dynamo_stub", ".bypass.guard_runtime", ".bypass.world_state",
 ))
 #: cold-side modules every warm load used to import (each split off a module a warm load still needs, or
 #: left holding only the compile side: CachedGraph, Artifact and load_code moved to modules a load imports)
@@ -423,7 +423,7 @@ def test_warm_load_imports_only_the_warm_path_modules(llama_warm):
 #: what the backend route adds to a load's modules: the hook, the frame-cache install and its argument
 #: binding, mode mapping
 ROUTE_MODULES = frozenset("torchair_cached_backend.bypass." + m for m in ("capture_hook", "frame_install",
-                                                                          "debug_wrapper", "signature")) | {
+                                                                          "debug_wrapper", "signature", "code_names")) | {
     "torchair_cached_backend.compile_mode"}
 #: the C++ guard tree for guards="call", with TCB_GUARD_TREE=1 only
 GUARD_TREE = "torchair_cached_backend.bypass.guard_tree"

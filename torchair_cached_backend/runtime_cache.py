@@ -295,8 +295,11 @@ def _from_remote(files_dir: str, files_fd: int, subdir: str, key: str) -> Runtim
         finally:
             os.close(fd)
     except Exception as exc:  # noqa: BLE001 - the remote never fails a call: GE builds its own
-        log.debug("npu_cached: the run-time cache %s of %s/%s was not taken from the remote: %r", subdir, kind,
-                  key[:12], exc)
+        from .runtime_carry import NoRoom
+
+        (log.warning if isinstance(exc, NoRoom) else log.debug)(
+            "npu_cached: the run-time cache %s of %s/%s was not taken from the remote: %s", subdir, kind, key[:12],
+            exc if isinstance(exc, NoRoom) else repr(exc))
         return None
     log.info("npu_cached: the run-time cache %s of %s/%s was fetched from the remote cache", subdir, kind, key[:12])
     return RuntimeCache(files_dir, subdir, key, writer=False, lock_fd=None, snapshot=snapshot)

@@ -158,16 +158,40 @@ def sealed_caches(files_dir: str) -> tuple[dict[str, Sealed], list[str]]:
     return found, notes
 
 
+#: what a carried cache must leave free on the cache's filesystem: 5% of it, at most 1 GiB
+SPARE_FRACTION, SPARE_MAX = 0.05, 1 << 30
+
+
+class NoRoom(OSError):
+    """A carried run-time cache that would not leave the cache's filesystem room to spare."""
+
+
+def _check_room(files_fd: int, subdir: str, need: int) -> None:
+    """A seal from elsewhere (the remote, a base, a bundle's copy) names how many bytes come:
+    refuse them up front when they would fill the disk, which would fail the other writes of
+    this process and of the host (GE then builds the cache itself, in place)."""
+    st = os.fstatvfs(files_fd)
+    free = st.f_bavail * st.f_frsize
+    spare = min(SPARE_MAX, int(st.f_blocks * st.f_frsize * SPARE_FRACTION))
+    if need + spare > free:
+        mib = 1 << 20
+        raise NoRoom(28, f"the run-time cache {subdir} needs {need / mib:.1f} MiB and the cache's filesystem has "
+                         f"{free / mib:.1f} MiB free (keeping {spare / mib:.1f} MiB spare): not carried; free space "
+                         "or move the cache root to a larger filesystem")
+
+
 class Staging:
     """A carried run-time cache being written next to its place, checked file by file against
     its seal; :meth:`commit` renames it into place (the caller holds the files dir's exclusive
-    lock from creation to commit), leaving it otherwise removes it."""
+    lock from creation to commit), leaving it otherwise removes it. :class:`NoRoom` up front
+    when the cache would not leave room to spare on the filesystem."""
 
     def __init__(self, files_dir: str, files_fd: int, subdir: str, seal_raw: bytes) -> None:
         if subdir not in SUBDIRS:
             raise SealMismatch(f"{subdir!r} is not a run-time cache this version knows")
         _, _, key = _layout(files_dir)
         self.sealed = parse_seal(seal_raw, key, subdir)
+        _check_room(files_fd, subdir, sum(size for size, _ in self.sealed.values()))
         self.files_dir, self.files_fd, self.subdir, self.seal_raw = files_dir, files_fd, subdir, seal_raw
         self.tmp = f".{subdir}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         os.mkdir(self.tmp, fs.DIR_MODE, dir_fd=files_fd)

@@ -35,7 +35,6 @@ from ..compilers import get_compiler
 from ..logs import log, warn_once
 from ..options import BackendOptions, parse_options
 from ..stats import record
-from .code_names import renamed
 from .dynamo_stub import module_for
 from .guard_runtime import CHECKS_FORMAT, GuardChecks, build_checks, receiver_locals
 from .program import PROGRAM_FORMAT, program_key, program_store, target_identity
@@ -228,7 +227,11 @@ class _ReplayBuilder:
 
     def _code(self, blob: str) -> types.CodeType:
         code = code_codec.loads_code(self.files[blob], verified=True)  # the store checked its sha256
-        return renamed(code, self.renames) if self.renames else code
+        if not self.renames:
+            return code
+        from .code_names import renamed  # only programs with callees rename: not on every hit
+
+        return renamed(code, self.renames)
 
     # -- variants -------------------------------------------------------
     def variant(self, variant: dict[str, Any]) -> Variant:
