@@ -8,9 +8,11 @@ these through ``fs_security`` (``fs.write_at``...); a warm load never imports th
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
+from collections.abc import Iterator
 
 from .fs_security import _O_CLOEXEC, _O_NOFOLLOW, DIR_MODE, FILE_MODE, CacheSecurityError, _uid
 
@@ -83,14 +85,14 @@ def write_all(fd: int, data: bytes) -> None:
         raise OSError(errno.EIO, f"wrote {len(data)} bytes but the file holds {os.fstat(fd).st_size}")
 
 
-def write_at(dir_fd: int, name: str, data: bytes) -> None:
-    """Create ``name`` (0600, never through a symlink) in the directory ``dir_fd`` and
-    write all of ``data`` with the length checked and fsync'd. A failed write
-    removes the partial file and raises."""
+@contextlib.contextmanager
+def new_file_at(dir_fd: int, name: str) -> Iterator[int]:
+    """A new file ``name`` (0600, never through a symlink, never an existing one) in the
+    directory ``dir_fd``, open for writing; if the body raises, the partial file is removed."""
     fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_NOFOLLOW | _O_CLOEXEC, FILE_MODE, dir_fd=dir_fd)
     try:
         os.fchmod(fd, FILE_MODE)
-        write_all(fd, data)
+        yield fd
     except BaseException:
         os.close(fd)
         try:
@@ -99,6 +101,13 @@ def write_at(dir_fd: int, name: str, data: bytes) -> None:
             pass
         raise
     os.close(fd)
+
+
+def write_at(dir_fd: int, name: str, data: bytes) -> None:
+    """Create ``name`` in the directory ``dir_fd`` (:func:`new_file_at`) and write all of
+    ``data`` with the length checked and fsync'd."""
+    with new_file_at(dir_fd, name) as fd:
+        write_all(fd, data)
 
 
 def write_private(path: str, data: bytes) -> None:

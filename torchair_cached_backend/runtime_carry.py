@@ -225,10 +225,10 @@ class Staging:
 
     @staticmethod
     def _write_file(dfd: int, name: str, rel: str, chunks: Iterable[bytes], size: int, digest: str) -> None:
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
-        fd = os.open(name, flags, fs.FILE_MODE, dir_fd=dfd)
+        from .fs_write import new_file_at
+
         sha, got = hashlib.sha256(), 0
-        try:
+        with new_file_at(dfd, name) as fd:  # removed unless every byte matched the seal
             for data in chunks:
                 got += len(data)
                 if got > size:
@@ -240,14 +240,6 @@ class Staging:
             if got != size or sha.hexdigest() != digest:
                 raise SealMismatch(f"{rel!r} fails its size/sha256 check against its seal")
             os.fsync(fd)
-        except BaseException:
-            os.close(fd)
-            try:
-                os.unlink(name, dir_fd=dfd)
-            except OSError:
-                pass
-            raise
-        os.close(fd)
 
     def commit(self) -> bool:
         """Rename the checked cache into place, then write its seal; False when the entry got
