@@ -239,6 +239,13 @@ class RedisRemote:
             infos[name] = {"size": len(data), "sha256": digest, "chunks": chunks}
             for i, bkey in enumerate(self._bkeys(digest, chunks)):
                 blobs[bkey] = data if chunks == 0 else data[i * chunk:(i + 1) * chunk]
+        return self._signed_record(kind, key, infos, manifest, runtime), blobs
+
+    @staticmethod
+    def _signed_record(kind: str, key: str, infos: dict[str, Any], manifest: dict[str, Any],
+                       runtime: str | None = None) -> bytes:
+        """The record's bytes over the files' infos (signed when a key is set): one writer for
+        entries' records and run-time caches' records alike."""
         body: dict[str, Any] = {"format": RECORD_FORMAT, "kind": kind, "key": key, "manifest": manifest, "files": infos,
                                 "published": time.time()}
         if runtime is not None:
@@ -246,7 +253,7 @@ class RedisRemote:
         mac_key = signing_key()
         if mac_key is not None:
             body["sig"] = hmac.new(mac_key, _canonical(body), hashlib.sha256).hexdigest()
-        return _canonical(body), blobs
+        return _canonical(body)
 
     def _parse_record(self, kind: str, key: str, raw: bytes, runtime: str | None = None) -> dict[str, Any]:
         from .store_layout import loads_bounded, valid_name
@@ -415,12 +422,7 @@ class RedisRemote:
             for rel in sorted(cache.files):
                 with cache.open(rel) as reader:
                     infos[f"{subdir}/{rel}"] = self._put_stream(conn, reader)
-            body: dict[str, Any] = {"format": RECORD_FORMAT, "kind": kind, "key": key, "manifest": {}, "files": infos,
-                                    "published": time.time(), "runtime": subdir}
-            mac_key = signing_key()
-            if mac_key is not None:
-                body["sig"] = hmac.new(mac_key, _canonical(body), hashlib.sha256).hexdigest()
-            raw = _canonical(body)
+            raw = self._signed_record(kind, key, infos, {}, runtime=subdir)
             conn.set(self._rkey(kind, key, subdir), raw)
             record(remote_bytes_out=len(raw), remote_published=1)
             return True

@@ -340,13 +340,14 @@ def _join_uploads_at_exit() -> None:
     """The exit waits for running uploads, but not forever (a slow link must not hang a
     shutdown): an upload still running after the bound is abandoned, and since its record
     is written last, another node never sees it; it publishes the cache itself."""
-    if wait_for_uploads(_upload_wait()):
+    bound = _upload_wait()
+    if wait_for_uploads(bound):
         return
     with _ACTIVE_LOCK:
         left = [t.name for t in _UPLOADS if t.is_alive()]
     log.warning("npu_cached: exiting before %d upload(s) of run-time caches to the remote finished (%s): other "
                 "nodes build them themselves; set %s (seconds, now %.0f) to wait longer", len(left),
-                ", ".join(left), UPLOAD_WAIT_ENV, _upload_wait())
+                ", ".join(left), UPLOAD_WAIT_ENV, bound)
 
 
 # ---------------------------------------------------------------- travel (bundles, the remote): runtime_carry.py
