@@ -9,6 +9,9 @@ BENCH_MODELS ?= mlp,gpt,gpt16
 BENCH_REPEAT ?= 5
 # test files run on this many workers (pytest-xdist), one file per worker: module-scoped cold caches stay shared
 TEST_WORKERS ?= 2
+# torch's intra-op threads per test process: the workers and their subprocesses already fill the cores (with
+# torch's default, one thread a core, two workers' processes oversubscribe the 2 cores)
+TEST_THREADS ?= 1
 
 .PHONY: venv demo test test-fast lint redis bench bench-smoke bench-torchair bench-fleet bench-models bench-training bench-remote bench-scale clean
 
@@ -33,10 +36,10 @@ redis:  ## redis-server for the remote-tier tests (the distribution's package; C
 	else echo "redis-server not found and cannot be installed here: the remote-tier tests will skip (install redis-server)"; fi
 
 test: $(STAMP) redis  ## the whole suite, the torchair-on-CPU harness and the real-Redis tests included
-	TCB_REQUIRE_TORCHAIR=$${TCB_REQUIRE_TORCHAIR:-0} $(PY) -m pytest -q --timeout=900 -n $(TEST_WORKERS) --dist loadfile tests
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-$(TEST_THREADS)} TCB_REQUIRE_TORCHAIR=$${TCB_REQUIRE_TORCHAIR:-0} $(PY) -m pytest -q --timeout=900 -n $(TEST_WORKERS) --dist loadfile tests
 
 test-fast: $(STAMP)  ## without the real-torchair tests
-	$(PY) -m pytest -q --timeout=900 tests --ignore=tests/torchair
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-$(TEST_THREADS)} $(PY) -m pytest -q --timeout=900 tests --ignore=tests/torchair
 
 lint: $(STAMP)
 	$(PY) -m ruff check torchair_cached_backend tests benchmarks examples
