@@ -369,7 +369,7 @@ COLD_SIDE_MODULES = tuple("torchair_cached_backend." + m for m in (
     "backend", "key_graph", "store_write", "store_backend_write", "store_faults", "fs_write", "torchair_config",
     "code_decode_rare", "compilers.eager_compile", "bypass.loader_miss", "bypass.loader_resume",
     "bypass.loader_callees", "bypass.replay_resume", "bypass.program_merge", "bypass.sources_capture",
-    "cached_graph", "compilers.base", "compilers.pycode", "bypass.replay_fallback",
+    "compilers.base", "compilers.pycode", "bypass.replay_fallback",
 ))
 
 LLAMA = """
@@ -456,7 +456,6 @@ def test_split_off_names_stay_importable_where_they_were():
         "bypass.program": ("bypass.program_merge", ("merge_programs",)),
         "bypass.sources": ("bypass.sources_capture", ("describe_traced", "is_library_file")),
         # the other way round: the warm side moved to a module a warm load imports anyway
-        "cached_graph": ("graph_load", ("CachedGraph",)),
         "compilers.base": ("compilers", ("Artifact",)),
         "compilers.pycode": ("compilers", ("load_code", "SUFFIX")),
     }

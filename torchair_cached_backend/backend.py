@@ -12,11 +12,10 @@ from typing import Any
 
 from . import graph_load
 from . import key as keys
-from .cached_graph import CachedGraph
 from .compile_mode import COMPILE_MODES, apply_mode  # noqa: F401  (re-exported)
 from .compilers import get_compiler
 from .compilers.base import Artifact, InnerCompiler  # noqa: F401  (Artifact: re-exported)
-from .graph_load import graph_store, load_graph  # noqa: F401  (re-exported: the load side of a graph)
+from .graph_load import CachedGraph, graph_store, load_graph  # noqa: F401  (re-exported: the load side of a graph)
 from .logs import log, warn_once
 from .options import BackendOptions, parse_options
 from .stats import record, record_uncached

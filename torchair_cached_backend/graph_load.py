@@ -2,8 +2,8 @@
 
 ``backend`` (key -> store -> load, or compile and store) uses these on every graph
 too; the bypass loader imports only this module, never the compile side. Also the
-callable both sides hand out, :class:`CachedGraph` (``cached_graph`` re-exports it for
-the compile side and the capture, which recognizes it in a frame's globals).
+callable both sides hand out, :class:`CachedGraph` (the capture recognizes it in a frame's
+globals; the DDP split graph wraps it).
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from .. import code_codec
-from ..cached_graph import CachedGraph
+from ..graph_load import CachedGraph
 from ..logs import log
 from .capture_hook import backend_options as _backend_options
 from .capture_hook import ensure_installed  # noqa: F401  (re-exported)

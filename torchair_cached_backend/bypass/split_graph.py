@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ..cached_graph import CachedGraph
+    from ..graph_load import CachedGraph
 
 _DDP_MODULE = "torch._dynamo.backends.distributed"
 
