@@ -44,6 +44,19 @@ def spawn(script: str, args: list[str], inductor_dir: str, timeout: float, child
     return {"error": tail[:500]}
 
 
+def tiny_llama(layers: int) -> tuple[object, dict]:
+    """(model, inputs) of the fixed-cost benchmarks: a random-init transformers Llama of ``layers``
+    layers, d=128, input (2, 24) (``tests/hf_tiny.py``), built after ``import transformers``
+    (which imports Dynamo, as in every transformers process)."""
+    import transformers  # noqa: F401
+
+    sys.path.insert(0, os.path.join(REPO, "tests"))
+    import hf_tiny
+
+    hf_tiny.SIZES[f"fixed{layers}"] = hf_tiny.Size(128, layers, 4, 2, 24)
+    return hf_tiny.build("llama", size=f"fixed{layers}")
+
+
 def report(result: dict) -> None:
     """A child's side of :func:`spawn`."""
     print(RESULT_TAG + json.dumps(result), flush=True)

@@ -58,13 +58,9 @@ def _child(action: str, cache_dir: str, layers: int) -> dict:
             importlib.import_module(name)
         return {"imports_s": time.perf_counter() - t0, "imports_cpu_s": time.thread_time() - c0, "modules": names}
 
-    sys.path.insert(0, os.path.join(REPO, "tests"))
-    import hf_tiny
-
-    hf_tiny.SIZES["bench"] = hf_tiny.Size(128, layers, 4, 2, 24)
     out: dict = {}
     with torch.no_grad():
-        model, inputs = hf_tiny.build("llama", size="bench")
+        model, inputs = harness.tiny_llama(layers)
         if action == "eager":
             t0, c0 = time.perf_counter(), time.thread_time()
             model(**inputs)

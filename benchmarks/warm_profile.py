@@ -37,15 +37,10 @@ CHILD_ENV = {"OMP_NUM_THREADS": "1"}
 
 def _child(action: str, cache_dir: str, layers: int) -> dict:
     import torch
-    import transformers  # noqa: F401  (imports Dynamo, as in every transformers process)
 
-    sys.path.insert(0, os.path.join(REPO, "tests"))
-    import hf_tiny
-
-    hf_tiny.SIZES["profile"] = hf_tiny.Size(128, layers, 4, 2, 24)
     out: dict = {}
     with torch.no_grad():
-        model, inputs = hf_tiny.build("llama", size="profile")
+        model, inputs = harness.tiny_llama(layers)
         out["dynamo_imported_before"] = "torch._dynamo" in sys.modules
         if action == "eager":
             t0 = time.perf_counter()
