@@ -62,3 +62,7 @@ if _os.environ.get("TCB_PROFILE", "").strip() not in ("", "0"):  # where a warm 
     from . import profiling as _profiling
 
     _profiling.install()
+
+from . import preload as _preload  # noqa: E402  (last: the package is whole before the thread imports from it)
+
+_preload.start()  # the warm path's modules, imported in the background while the caller builds its model

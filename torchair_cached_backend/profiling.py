@@ -33,6 +33,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from .preload import THREAD_NAME
+
 ENV = "TCB_PROFILE"
 PHASES = ("imports", "read", "verify", "decode", "checks", "guards", "graphs", "callees")
 PACKAGE = __name__.rpartition(".")[0]
@@ -41,6 +43,8 @@ _local = threading.local()
 _pending: list[_Load] = []
 #: [seconds, modules] of our imports outside any load, not yet reported
 _outside = [0.0, 0]
+#: [seconds, modules] of our imports on the background thread (``preload``), not yet reported
+_background = [0.0, 0]
 
 
 def enabled() -> bool:
@@ -61,6 +65,7 @@ class _Load:
         self.checks = 0  # checks the load-time functions hold (a looped per-layer check counts once)
         self.modules = 0  # our modules imported during the load
         self.before = (0.0, 0)  # (seconds, modules) of our imports since the last line, before this load
+        self.background = (0.0, 0)  # the same, imported by the background thread (not paid by the caller)
 
     def add(self, phase: str, seconds: float) -> None:
         self.phases[phase] = self.phases.get(phase, 0.0) + seconds
@@ -86,6 +91,9 @@ class _Load:
             text += " | first call - (not replayed)"
         if self.before[1]:
             text += f" | imported before the load: {self.before[0] * ms:.2f} ms ({self.before[1]} modules)"
+        if self.background[1]:
+            text += (f" | imported in the background: {self.background[0] * ms:.2f} ms "
+                     f"({self.background[1]} modules)")
         return text
 
     def report(self) -> None:
@@ -149,6 +157,8 @@ def profiled_load(build: Callable[..., Any]) -> Callable[..., Any]:
         if not loads:
             load.before = (_outside[0], _outside[1])
             _outside[0], _outside[1] = 0.0, 0
+            load.background = (_background[0], _background[1])
+            _background[0], _background[1] = 0.0, 0
         loads.append(load)
         timers.append(0.0)
         t0 = time.perf_counter()
@@ -269,8 +279,9 @@ def _wrap_targets(module_name: str) -> None:
 
 
 def _outside_import(seconds: float) -> None:
-    _outside[0] += seconds
-    _outside[1] += 1
+    counter = _background if threading.current_thread().name == THREAD_NAME else _outside
+    counter[0] += seconds
+    counter[1] += 1
 
 
 class _TimedLoader:

@@ -1,0 +1,223 @@
+"""The warm path imported in the background (issue 18): ``import torchair_cached_backend`` in a
+process that imported torch imports exactly the modules a warm load needs on a daemon thread,
+never Dynamo or the compile side; a fork waits for it; a failure in it is the caller's import's
+to report; the modules it imports have no import cycle (two threads never wait on each other)."""
+
+from __future__ import annotations
+
+import ast
+import os
+import textwrap
+
+import pytest
+from subprocess_helpers import run_python
+from test_warm_path import COLD_SIDE_MODULES, NOT_ON_THE_WARM_PATH, PACKAGE_IMPORT_MODULES, WARM_PATH_MODULES
+
+from torchair_cached_backend import preload
+
+PACKAGE_DIR = os.path.dirname(preload.__file__)
+
+OURS = """
+import sys
+def ours():
+    return sorted(m for m in sys.modules if m.startswith("torchair_cached_backend"))
+"""
+
+
+def test_the_background_import_is_the_warm_path_a_load_imports():
+    # test_warm_path checks WARM_PATH_MODULES against what a warm load imports with the preload off
+    assert set(preload.WARM_PATH) | set(PACKAGE_IMPORT_MODULES) == WARM_PATH_MODULES
+
+
+def test_after_torch_the_package_import_preloads_the_warm_path_only():
+    out = run_python(OURS + textwrap.dedent("""
+        import torch
+        before = set(sys.modules)
+        import torchair_cached_backend as tcb
+        from torchair_cached_backend import preload
+        thread = preload._thread
+        done = preload.wait(60)
+        emit({"started": thread is not None, "name": thread.name if thread else None, "daemon": thread.daemon,
+              "done": done, "ours": ours(),
+              "others": sorted(m for m in set(sys.modules) - before if not m.startswith("torchair_cached_backend"))})
+        """))
+    assert out["started"] and out["done"] and out["daemon"], out
+    assert out["name"] == preload.THREAD_NAME
+    assert set(out["ours"]) == WARM_PATH_MODULES, sorted(set(out["ours"]) ^ WARM_PATH_MODULES)
+    assert not set(NOT_ON_THE_WARM_PATH + COLD_SIDE_MODULES) & set(out["ours"])
+    # nothing outside the package: no Dynamo, no Inductor (torch was imported before)
+    assert not [m for m in out["others"] if m.startswith("torch")], out["others"]
+
+
+@pytest.mark.parametrize("case", ["torch not imported", "TCB_PRELOAD=0"])
+def test_no_background_import(case):
+    env = {"TCB_PRELOAD": "0"} if case == "TCB_PRELOAD=0" else {}
+    first = "import torch" if case == "TCB_PRELOAD=0" else ""
+    out = run_python(OURS + textwrap.dedent(f"""
+        {first}
+        import threading
+        import torchair_cached_backend
+        from torchair_cached_backend import preload
+        emit({{"thread": preload._thread is not None, "ours": ours(),
+               "threads": [t.name for t in threading.enumerate()]}})
+        """), env=env)
+    assert not out["thread"] and preload.THREAD_NAME not in out["threads"], out
+    assert out["ours"] == PACKAGE_IMPORT_MODULES, out["ours"]
+
+
+def test_a_fork_right_after_the_import_waits_for_the_thread(tmp_path):
+    # without the fork hook the thread is still importing when os.fork() runs: an import lock it
+    # holds would stay held in the child, which then hangs on its first import of that module
+    out = run_python(OURS + textwrap.dedent("""
+        import os, signal, torch
+        import torchair_cached_backend as tcb
+        from torchair_cached_backend import preload
+        pid = os.fork()
+        if pid == 0:
+            signal.alarm(60)
+            from torchair_cached_backend.bypass import loader  # noqa: F401
+            os._exit(0 if "torchair_cached_backend.bypass.loader" in sys.modules else 3)
+        alive_at_fork = preload._thread.is_alive()
+        _, status = os.waitpid(pid, 0)
+        emit({"alive_at_fork": alive_at_fork, "child": os.waitstatus_to_exitcode(status)})
+        """), timeout=120)
+    assert out == {"alive_at_fork": False, "child": 0, **{k: v for k, v in out.items() if k.startswith("_")}}, out
+
+
+def test_a_failing_preload_is_silent_and_the_load_still_works(tmp_path):
+    # a module that cannot be imported in the background stops the thread quietly: the caller's own
+    # import of it raises where the caller sees it, and the rest imports on use
+    out = run_python(OURS + textwrap.dedent("""
+        import torch
+        import torchair_cached_backend as tcb
+        from torchair_cached_backend import preload
+        preload.WARM_PATH = ("torchair_cached_backend.no_such_module",) + preload.WARM_PATH
+        import os
+        os.environ["TCB_PRELOAD"] = "1"
+        preload._thread = None
+        started = preload.start()
+        preload.wait(60)
+        try:
+            import torchair_cached_backend.no_such_module  # noqa: F401
+            raised = None
+        except ImportError as exc:
+            raised = type(exc).__name__
+        from torchair_cached_backend.bypass import loader  # noqa: F401
+        emit({"started": started, "raised": raised, "loader": "torchair_cached_backend.bypass.loader" in ours()})
+        """), env={"TCB_PRELOAD": "0"})
+    assert out["started"] and out["raised"] == "ModuleNotFoundError" and out["loader"], out
+    assert "Exception in thread" not in out["_stderr"], out["_stderr"]
+
+
+def _module_imports(name: str) -> set[str]:
+    """Our modules ``name`` imports when its body runs (top-level statements, ``try``/``if`` blocks
+    included, ``if TYPE_CHECKING`` not). A parent package is no edge: importing a submodule
+    needs its parent in ``sys.modules``, not its import lock."""
+    rel = name.split(".")[1:]
+    path = os.path.join(PACKAGE_DIR, *rel)
+    is_pkg = os.path.isdir(path)
+    path = os.path.join(path, "__init__.py") if is_pkg else path + ".py"
+    package = name if is_pkg else name.rpartition(".")[0]
+    found = set()
+
+    def walk(body: list[ast.stmt]) -> None:
+        for node in body:
+            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+                continue
+            if isinstance(node, ast.Import):
+                found.update(a.name for a in node.names if a.name.startswith("torchair_cached_backend"))
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                    module = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    module = node.module or ""
+                if not module.startswith("torchair_cached_backend"):
+                    continue
+                found.add(module)
+                for alias in node.names:  # ``from . import x``: x may be a module
+                    sub = f"{module}.{alias.name}"
+                    if os.path.exists(os.path.join(PACKAGE_DIR, *sub.split(".")[1:]) + ".py"):
+                        found.add(sub)
+            elif isinstance(node, (ast.If, ast.Try)):
+                walk(node.body)
+                walk(getattr(node, "orelse", []))
+                for handler in getattr(node, "handlers", []):
+                    walk(handler.body)
+                walk(getattr(node, "finalbody", []))
+
+    walk(ast.parse(open(path).read()).body)
+    found.discard(name)
+    return found
+
+
+#: imported by the package under TCB_PROFILE=1 only
+PROFILING = "torchair_cached_backend.profiling"
+
+
+def test_the_warm_path_imports_stay_inside_it_without_cycles():
+    # two threads importing these modules can only wait on each other's import locks through a cycle
+    nodes = WARM_PATH_MODULES | {PROFILING}
+    graph = {name: _module_imports(name) for name in nodes}
+    for name, deps in graph.items():
+        assert deps <= nodes, (name, sorted(deps - nodes))
+    state: dict[str, int] = {}
+
+    def visit(name: str, path: list[str]) -> None:
+        if state.get(name) == 2:
+            return
+        assert state.get(name) != 1, f"import cycle: {' -> '.join(path + [name])}"
+        state[name] = 1
+        for dep in sorted(graph[name]):
+            visit(dep, path + [name])
+        state[name] = 2
+
+    for name in sorted(graph):
+        visit(name, [])
+
+
+def test_the_cycle_finder_finds_a_cycle(monkeypatch):
+    # the check above can fail: a planted edge back to the package is a cycle
+    real = _module_imports
+    monkeypatch.setitem(globals(), "_module_imports",
+                        lambda n: real(n) | ({"torchair_cached_backend.bypass.loader"} if n == "torchair_cached_backend.store" else set()))
+    with pytest.raises(AssertionError, match="import cycle"):
+        test_the_warm_path_imports_stay_inside_it_without_cycles()
+
+
+TINY = """
+import torch, torch.nn as nn
+import torchair_cached_backend as tcb
+
+class Tiny(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.lin(x).relu() * 2
+"""
+
+
+def test_a_load_racing_the_background_import_replays_right(tmp_path):
+    # tcb.load right after the import, while the thread is importing the same modules: importlib's
+    # module locks serialize the two, and the load replays (fresh processes, the cache cold in another)
+    d = str(tmp_path)
+    run_python(TINY + textwrap.dedent(f"""
+        m = Tiny().eval()
+        with torch.no_grad():
+            torch.compile(m, backend="npu_cached", options={{"cache_dir": {d!r}, "compiler": "eager"}})(torch.ones(2, 4))
+        emit({{}})
+        """))
+    for _ in range(3):
+        out = run_python(TINY + textwrap.dedent(f"""
+            from torchair_cached_backend import preload
+            racing = preload._thread is not None and preload._thread.is_alive()
+            m, x = Tiny().eval(), torch.randn(2, 4)  # the shape compiled cold (no variant added)
+            with torch.no_grad():
+                ok = bool(torch.equal(tcb.load(m, {d!r}, compiler="eager", fallback=False)(x), m.lin(x).relu() * 2))
+            from child_helpers import frames
+            emit({{"ok": ok, "racing": racing, "frames": frames(), "loads": tcb.stats().as_dict()["bypass_loads"]}})
+            """))
+        assert out["ok"] and out["frames"] == 0 and out["loads"] >= 1, out
