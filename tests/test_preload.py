@@ -1,7 +1,9 @@
 """The warm path imported in the background (issue 18): ``import torchair_cached_backend`` in a
 process that imported torch imports exactly the modules a warm load needs on a daemon thread,
 never Dynamo or the compile side; a fork waits for it; a failure in it is the caller's import's
-to report; the modules it imports have no import cycle (two threads never wait on each other)."""
+to report; the modules it imports have no import cycle (two threads never wait on each other).
+Once Dynamo is imported (before the package, or after it: a model's build), the same thread
+imports what a warm ``torch.compile(model, backend="npu_cached")`` adds (``preload.ROUTE``)."""
 
 from __future__ import annotations
 
@@ -95,6 +97,7 @@ def test_a_failing_preload_is_silent_and_the_load_still_works(tmp_path):
         import os
         os.environ["TCB_PRELOAD"] = "1"
         preload._thread = None
+        preload._started = False
         started = preload.start()
         preload.wait(60)
         try:
@@ -157,7 +160,7 @@ PROFILING = "torchair_cached_backend.profiling"
 
 def test_the_warm_path_imports_stay_inside_it_without_cycles():
     # two threads importing these modules can only wait on each other's import locks through a cycle
-    nodes = WARM_PATH_MODULES | {PROFILING}
+    nodes = WARM_PATH_MODULES | set(preload.ROUTE) | {PROFILING}
     graph = {name: _module_imports(name) for name in nodes}
     for name, deps in graph.items():
         assert deps <= nodes, (name, sorted(deps - nodes))
@@ -221,3 +224,100 @@ def test_a_load_racing_the_background_import_replays_right(tmp_path):
             emit({{"ok": ok, "racing": racing, "frames": frames(), "loads": tcb.stats().as_dict()["bypass_loads"]}})
             """))
         assert out["ok"] and out["frames"] == 0 and out["loads"] >= 1, out
+
+
+#: records which thread imported each of our modules (a meta-path finder that finds nothing)
+WHO = """
+import sys, threading
+who = {}
+class _Who:
+    def find_spec(self, name, path=None, target=None):
+        if name.startswith("torchair_cached_backend") and name not in who:
+            who[name] = threading.current_thread().name
+        return None
+sys.meta_path.insert(0, _Who())
+"""
+
+
+@pytest.mark.parametrize("dynamo", ["before the package", "after the package"])
+def test_with_dynamo_the_thread_imports_the_backend_route_too(dynamo):
+    # before: the package's import queues the route behind the warm path; after (a transformers
+    # model's build imports Dynamo): Dynamo's registry import queues it, and the thread waits for
+    # Dynamo's import to finish. Either way the thread, not the caller, imports the route's modules
+    first, later = ("import torch._dynamo", "") if dynamo == "before the package" else ("", "import torch._dynamo")
+    out = run_python(OURS + WHO + textwrap.dedent(f"""
+        import torch
+        {first}
+        before = set(sys.modules)
+        import torchair_cached_backend as tcb
+        from torchair_cached_backend import preload
+        {later}
+        done = preload.wait(60)
+        emit({{"done": done, "ours": ours(), "who": who,
+               "others": sorted(m for m in set(sys.modules) - before if not m.startswith("torchair_cached_backend"))}})
+        """))
+    assert out["done"], out
+    assert set(out["ours"]) == WARM_PATH_MODULES | set(preload.ROUTE), sorted(set(out["ours"]) ^ (WARM_PATH_MODULES | set(preload.ROUTE)))
+    assert {out["who"][m] for m in preload.ROUTE} == {preload.THREAD_NAME}, out["who"]
+    assert not {"torchair_cached_backend.bypass.capture", "torchair_cached_backend.backend"} & set(out["ours"])
+    if dynamo == "before the package":  # nothing of torch's is imported for the route
+        assert not [m for m in out["others"] if m.startswith("torch")], out["others"]
+
+
+def test_without_dynamo_or_with_preload_off_the_route_is_not_imported():
+    out = run_python(OURS + textwrap.dedent("""
+        import torch
+        import torchair_cached_backend as tcb
+        from torchair_cached_backend import preload
+        preload.wait(60)
+        without = ours()
+        emit({"without": without})
+        """))
+    assert not set(preload.ROUTE) & set(out["without"]), out
+    off = run_python(OURS + textwrap.dedent("""
+        import torch, threading
+        import torchair_cached_backend as tcb
+        import torch._dynamo
+        from torchair_cached_backend import preload
+        emit({"ours": ours(), "threads": [t.name for t in threading.enumerate()]})
+        """), env={"TCB_PRELOAD": "0"})
+    assert not set(preload.ROUTE) & set(off["ours"]) and preload.THREAD_NAME not in off["threads"], off
+
+
+def test_the_route_set_is_what_a_warm_backend_route_imports(tmp_path):
+    # with the background import off: what a warm torch.compile(backend="npu_cached") imports of ours
+    # beyond the warm path is exactly preload.ROUTE (a stale list would preload too little or too much)
+    d = str(tmp_path)
+    script = OURS + TINY + textwrap.dedent(f"""
+        import torch._dynamo
+        m = Tiny().eval()
+        before = set(ours())
+        with torch.no_grad():
+            torch.compile(m, backend="npu_cached", options={{"cache_dir": {d!r}, "compiler": "eager"}})(torch.ones(2, 4))
+        from child_helpers import frames
+        emit({{"added": sorted(set(ours()) - before), "frames": frames()}})
+        """)
+    run_python(script, env={"TCB_PRELOAD": "0"})
+    warm = run_python(script, env={"TCB_PRELOAD": "0"})
+    assert warm["frames"] == 0, warm
+    assert set(warm["added"]) - WARM_PATH_MODULES == set(preload.ROUTE), warm["added"]
+
+
+def test_a_fork_while_the_route_is_imported_waits(tmp_path):
+    # the route's batch runs on a thread started by Dynamo's import: a fork right after waits for it too
+    out = run_python(OURS + textwrap.dedent("""
+        import os, signal, torch
+        import torchair_cached_backend as tcb
+        from torchair_cached_backend import preload
+        preload.wait(60)
+        import torch._dynamo
+        pid = os.fork()
+        if pid == 0:
+            signal.alarm(60)
+            from torchair_cached_backend.bypass import frame_install  # noqa: F401
+            os._exit(0)
+        alive_at_fork = preload._thread.is_alive()
+        _, status = os.waitpid(pid, 0)
+        emit({"alive_at_fork": alive_at_fork, "child": os.waitstatus_to_exitcode(status)})
+        """), timeout=120)
+    assert out["alive_at_fork"] is False and out["child"] == 0, out

@@ -5,6 +5,7 @@ where a warm start spent its time."""
 
 from __future__ import annotations
 
+import re
 import textwrap
 
 import pytest
@@ -119,6 +120,33 @@ def test_profile_prints_the_breakdown(runs):
     for phase in ("imports", "read", "verify", "decode", "checks", "guards", "graphs", "first call"):
         assert f"{phase} " in line, line
     assert "imported before the load: " in line, line  # tcb.load's own imports (the loader)
+
+
+def test_profile_breaks_down_a_backend_route_warm_start(tmp_path):
+    # the README's first line: a warm torch.compile(backend="npu_cached") prints one line for the
+    # program its frame callback built, with the check that installed it; it still replays right
+    d = str(tmp_path)
+    script = MODEL + textwrap.dedent(f"""
+        from child_helpers import frames
+        m, x = PrintsFirst().eval(), torch.randn(2, 4)
+        f = torch.compile(m, backend="npu_cached", options={{"cache_dir": {d!r}, "compiler": "eager"}})
+        with torch.no_grad():
+            ok = all(bool(torch.allclose(f(x), m.lin(x).relu())) for _ in range(3))
+        emit({{"ok": ok, "frames": frames()}})
+        """)
+    cold = run_python(script, env={"TCB_PROFILE": "1"})
+    warm = run_python(script, env={"TCB_PROFILE": "1"})
+    assert cold["ok"] and cold["frames"] >= 1 and warm["ok"] and warm["frames"] == 0, (cold, warm)
+    lines = [ln for ln in warm["_stderr"].splitlines() if ln.startswith("tcb profile:")]
+    assert len(lines) == 1, warm["_stderr"][-3000:]
+    line = lines[0]
+    assert line.startswith("tcb profile: backend route load PrintsFirst.forward: "), line
+    for phase in ("imports", "read", "verify", "decode", "checks", "graphs", "other"):
+        assert f"{phase} " in line, line
+    assert re.search(r"install check \d+\.\d+ ms", line), line
+    # a cold start has nothing to replay: its line says why
+    cold_lines = [ln for ln in cold["_stderr"].splitlines() if ln.startswith("tcb profile: backend route")]
+    assert cold_lines and all("not replayed: CacheMiss" in ln for ln in cold_lines), cold["_stderr"][-3000:]
 
 
 def test_no_profile_line_without_the_variable(run, tmp_path):

@@ -4,16 +4,21 @@ Importing our own hit-path modules (~20 modules, ~300 KB of bytecode) is the lar
 of a warm start's fixed cost: 4-5 ms of a tiny model's ~10 ms. ``import
 torchair_cached_backend`` starts one daemon thread that imports exactly those modules, so
 they are usually in ``sys.modules`` by the time the model is built and :func:`load` runs.
+Once Dynamo is imported too (a transformers model's build imports it), the same thread
+imports what the backend route adds (:data:`ROUTE`: ``torch.compile(model,
+backend="npu_cached")`` replaying from Dynamo's frame callback), ~1.5-2 ms more.
 
 Why this is safe:
 
 * it starts only when ``torch`` is fully imported, and then the warm path imports nothing
   outside this package (no Dynamo, no Inductor, no compile side: ``tests/test_preload.py``);
+  the route's modules wait for Dynamo's own import to finish and import nothing else outside
+  the package either;
 * those modules only define things: importing them on another thread changes what the
   caller's thread sees in timing only;
-* importlib serializes concurrent imports of one module with per-module locks, and the
-  warm-path modules import one another without cycles (tested), so two threads never
-  wait on each other's locks;
+* importlib serializes concurrent imports of one module with per-module locks, and these
+  modules import one another without cycles (tested), so two threads never wait on each
+  other's locks;
 * a ``fork`` waits for the thread first (an import lock held across a fork would stay
   held in the child), and a failed import is left for the caller's own import to report.
 
@@ -40,8 +45,22 @@ WARM_PATH = tuple("torchair_cached_backend." + m for m in (
     "bypass.world_state", "bypass.guard_runtime", "bypass.program", "bypass.sources", "bypass.replay",
     "bypass.loader",
 ))
+#: what a warm ``torch.compile(model, backend="npu_cached")`` imports besides :data:`WARM_PATH`
+#: (the frame callback that installs replays, the name's resolution, the debug wrapper's deferral)
+ROUTE = tuple("torchair_cached_backend." + m for m in (
+    "bypass.code_names", "bypass.signature", "compile_mode", "bypass.capture_hook", "bypass.debug_wrapper",
+    "bypass.frame_install",
+))
+#: the route's modules import Dynamo: the thread first waits for Dynamo's own import (its module
+#: lock) to finish, and never imports Dynamo itself
+DYNAMO = "torch._dynamo"
 
+_lock = threading.Lock()
+_queue: list[str] = []
 _thread: threading.Thread | None = None
+_draining = False
+_started = False
+_route_queued = False
 _fork_hook = False
 
 
@@ -57,27 +76,78 @@ def _torch_imported() -> bool:
 
 def start() -> bool:
     """Start the background import once per process (False: not started: off, torch not yet
-    imported, or already started)."""
-    global _thread, _fork_hook
-    if _thread is not None or not enabled() or not _torch_imported():
+    imported, or already started); the route's modules too when Dynamo is (being) imported."""
+    global _started
+    with _lock:
+        if _started or not enabled() or not _torch_imported():
+            return False
+        _started = True
+    return _submit(list(WARM_PATH) + (_route_names() if DYNAMO in sys.modules else []))
+
+
+def after_dynamo() -> bool:
+    """Queue the route's modules (once): called when Dynamo's backend registry has been imported
+    (``registry``), while Dynamo's own import finishes on the caller's thread. Only after
+    :func:`start` (the package's import with torch in)."""
+    with _lock:
+        if not _started:
+            return False
+    return _submit(_route_names())
+
+
+def _route_names() -> list[str]:
+    global _route_queued
+    with _lock:
+        if _route_queued:
+            return []
+        _route_queued = True
+    return [DYNAMO, *ROUTE]
+
+
+def _submit(names: list[str]) -> bool:
+    """Queue ``names`` for the thread, starting it when none is draining the queue."""
+    global _thread, _draining, _fork_hook
+    if not names:
         return False
-    if not _fork_hook and hasattr(os, "register_at_fork"):
-        os.register_at_fork(before=_before_fork)
-        _fork_hook = True
-    thread = threading.Thread(target=_run, name=THREAD_NAME, daemon=True)
-    _thread = thread
+    with _lock:
+        _queue.extend(names)
+        if _draining:
+            return True
+        _draining = True
+        if not _fork_hook and hasattr(os, "register_at_fork"):
+            os.register_at_fork(before=_before_fork)
+            _fork_hook = True
+        thread = threading.Thread(target=_drain, name=THREAD_NAME, daemon=True)
+        _thread = thread
     thread.start()
     return True
 
 
-def _run() -> None:
-    for name in WARM_PATH:
-        if name in sys.modules:
+def _drain() -> None:
+    global _draining
+    while True:
+        with _lock:
+            if not _queue:
+                _draining = False
+                return
+            name = _queue.pop(0)
+        if name == DYNAMO and name not in sys.modules:  # never import Dynamo here (its import failed)
+            _stop()
+            return
+        if name in sys.modules and name != DYNAMO:
             continue
         try:
-            importlib.import_module(name)
+            importlib.import_module(name)  # for DYNAMO: waits until the caller's import of it is done
         except BaseException:  # noqa: BLE001  (the caller's own import of it raises it, where it is seen)
+            _stop()
             return
+
+
+def _stop() -> None:
+    global _draining
+    with _lock:
+        _queue.clear()
+        _draining = False
 
 
 def wait(timeout: float | None = None) -> bool:

@@ -10,6 +10,13 @@ each ``load()``/``cache_compile`` load prints, after the replay's first call::
     + decode 1.40 + checks 0.50 + guards 1.52 (619 checks) + graphs 0.30 + other 0.89
     | first call 2.90 ms (check 0.02, run 2.88) | imported before the load: 2.10 ms (14 modules)
 
+A warm ``torch.compile(model, backend="npu_cached")`` prints the same phases for the
+program its frame callback builds, then the check that installs a variant into Dynamo's
+frame cache (Dynamo then runs the replayed code itself: its first run is not timed)::
+
+    tcb profile: backend route load LlamaForCausalLM.forward: 4.80 ms = imports 0.00 + ...
+    | install check 2.10 ms (then Dynamo runs the replayed code)
+
 Phases are exclusive (an inner phase's time is not counted in the outer one), so they
 add up to the load's total: ``imports`` our modules imported during the load (finding,
 reading and unmarshalling their code, running their bodies; always shown), ``read`` the entry files, ``verify`` their sha256,
@@ -66,6 +73,7 @@ class _Load:
         self.modules = 0  # our modules imported during the load
         self.before = (0.0, 0)  # (seconds, modules) of our imports since the last line, before this load
         self.background = (0.0, 0)  # the same, imported by the background thread (not paid by the caller)
+        self.route = False  # the backend route's load: Dynamo runs the installed code (no first run timed)
 
     def add(self, phase: str, seconds: float) -> None:
         self.phases[phase] = self.phases.get(phase, 0.0) + seconds
@@ -80,10 +88,14 @@ class _Load:
             parts[shown.index("imports")] += f" ({self.modules} modules)"
         other = self.total - sum(self.phases.values())
         parts.append(f"other {max(other, 0.0) * ms:.2f}")
-        text = f"tcb profile: load {self.name}: {self.total * ms:.2f} ms = " + " + ".join(parts)
+        kind = "backend route load" if self.route else "load"
+        text = f"tcb profile: {kind} {self.name}: {self.total * ms:.2f} ms = " + " + ".join(parts)
         if self.outcome:
             text += f" ({self.outcome})"
-        if self.first_run is not None:
+        if self.route and not self.outcome:
+            check = "-" if self.first_check is None else f"{self.first_check * ms:.2f} ms"
+            text += f" | install check {check} (then Dynamo runs the replayed code)"
+        elif self.first_run is not None:
             check = self.first_check or 0.0
             text += (f" | first call {(check + self.first_run) * ms:.2f} ms "
                      f"(check {check * ms:.2f}, run {self.first_run * ms:.2f})")
@@ -147,12 +159,15 @@ def timed(phase: str, fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-def profiled_load(build: Callable[..., Any]) -> Callable[..., Any]:
-    """``build_replay`` as a profiled load: its own line, nested loads counted as ``callees``."""
+def profiled_load(build: Callable[..., Any], route: bool = False) -> Callable[..., Any]:
+    """``build_replay`` as a profiled load: its own line, nested loads counted as ``callees``;
+    ``route``: the backend route's ``build_frame_variants``, whose line follows the check that
+    installs a variant into Dynamo's frame cache (:func:`_timed_install_check`)."""
 
     @functools.wraps(build)
     def wrapper(target: Any, *args: Any, **kwargs: Any) -> Any:
         load = _Load(_name(target))
+        load.route = route
         loads, timers = _loads(), _timers()
         if not loads:
             load.before = (_outside[0], _outside[1])
@@ -178,7 +193,12 @@ def profiled_load(build: Callable[..., Any]) -> Callable[..., Any]:
                 loads[-1].add("callees", elapsed)
             if load.outcome:
                 load.report()
-        _time_first_call(load, replay)
+        if route:
+            _route_pending.append(load)
+            if not replay[0]:  # no variant (the frame runs as Python): nothing is installed
+                _report_route()
+        else:
+            _time_first_call(load, replay)
         return replay
 
     wrapper.__wrapped_by_tcb_profile__ = True  # type: ignore[attr-defined]
@@ -229,9 +249,37 @@ def _time_first_call(load: _Load, replay: Any) -> None:
         variant.fn = timed_run(variant.fn)
 
 
+#: backend route loads built, whose install check has not run yet (the callback's thread)
+_route_pending: list[_Load] = []
+
+
+def _report_route(check_s: float | None = None) -> None:
+    load = _route_pending.pop()
+    load.first_check = check_s
+    load.report()
+
+
+def _timed_install_check(holds: Callable[..., bool]) -> Callable[..., bool]:
+    """``frame_install._holds``: its first call after a route load is that load's install check
+    (the variant's checks before Dynamo installs it); later calls (Dynamo's guard) untimed."""
+
+    @functools.wraps(holds)
+    def wrapper(*args: Any, **kwargs: Any) -> bool:
+        if not _route_pending:
+            return holds(*args, **kwargs)
+        t0 = time.perf_counter()
+        try:
+            return holds(*args, **kwargs)
+        finally:
+            _report_route(time.perf_counter() - t0)
+
+    wrapper.__wrapped_by_tcb_profile__ = True  # type: ignore[attr-defined]
+    return wrapper
+
+
 @atexit.register
 def _report_pending() -> None:
-    for load in _pending:
+    for load in _pending + _route_pending:
         load.report()
 
 
@@ -276,6 +324,10 @@ def _wrap_targets(module_name: str) -> None:
     elif module_name == f"{PACKAGE}.bypass.loader" and not getattr(
             module.build_replay, "__wrapped_by_tcb_profile__", False):
         module.build_replay = profiled_load(module.build_replay)
+        module.build_frame_variants = profiled_load(module.build_frame_variants, route=True)
+    elif module_name == f"{PACKAGE}.bypass.frame_install" and not getattr(
+            module._holds, "__wrapped_by_tcb_profile__", False):
+        module._holds = _timed_install_check(module._holds)
 
 
 def _outside_import(seconds: float) -> None:

@@ -109,6 +109,12 @@ class _RegisteringLoader:
             register()
         except Exception:  # registering must never fail Dynamo's import; the entry point remains
             pass
+        try:
+            from . import preload
+
+            preload.after_dynamo()  # the backend route's modules, in the background once Dynamo is in
+        except Exception:
+            pass
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._loader, name)
