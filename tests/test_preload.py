@@ -67,22 +67,33 @@ def test_no_background_import(case):
     assert out["ours"] == PACKAGE_IMPORT_MODULES, out["ours"]
 
 
-def test_a_fork_right_after_the_import_waits_for_the_thread(tmp_path):
+#: (what runs before the fork, the module the child imports): the warm path's batch, started by the
+#: package's import; the route's, started by Dynamo's import after the first batch is done
+FORKS = {
+    "warm path": ("", "loader"),
+    "route": ("preload.wait(60)\nimport torch._dynamo", "frame_install"),
+}
+
+
+@pytest.mark.parametrize("batch", sorted(FORKS))
+def test_a_fork_right_after_the_import_waits_for_the_thread(batch):
     # without the fork hook the thread is still importing when os.fork() runs: an import lock it
     # holds would stay held in the child, which then hangs on its first import of that module
+    before, module = FORKS[batch]
     out = run_python(OURS + textwrap.dedent("""
         import os, signal, torch
         import torchair_cached_backend as tcb
         from torchair_cached_backend import preload
+        {before}
         pid = os.fork()
         if pid == 0:
             signal.alarm(60)
-            from torchair_cached_backend.bypass import loader  # noqa: F401
-            os._exit(0 if "torchair_cached_backend.bypass.loader" in sys.modules else 3)
+            from torchair_cached_backend.bypass import {module}  # noqa: F401
+            os._exit(0 if "torchair_cached_backend.bypass.{module}" in sys.modules else 3)
         alive_at_fork = preload._thread.is_alive()
         _, status = os.waitpid(pid, 0)
-        emit({"alive_at_fork": alive_at_fork, "child": os.waitstatus_to_exitcode(status)})
-        """), timeout=120)
+        emit({{"alive_at_fork": alive_at_fork, "child": os.waitstatus_to_exitcode(status)}})
+        """).format(before=before, module=module), timeout=120)
     assert out == {"alive_at_fork": False, "child": 0, **{k: v for k, v in out.items() if k.startswith("_")}}, out
 
 
@@ -301,23 +312,3 @@ def test_the_route_set_is_what_a_warm_backend_route_imports(tmp_path):
     warm = run_python(script, env={"TCB_PRELOAD": "0"})
     assert warm["frames"] == 0, warm
     assert set(warm["added"]) - WARM_PATH_MODULES == set(preload.ROUTE), warm["added"]
-
-
-def test_a_fork_while_the_route_is_imported_waits(tmp_path):
-    # the route's batch runs on a thread started by Dynamo's import: a fork right after waits for it too
-    out = run_python(OURS + textwrap.dedent("""
-        import os, signal, torch
-        import torchair_cached_backend as tcb
-        from torchair_cached_backend import preload
-        preload.wait(60)
-        import torch._dynamo
-        pid = os.fork()
-        if pid == 0:
-            signal.alarm(60)
-            from torchair_cached_backend.bypass import frame_install  # noqa: F401
-            os._exit(0)
-        alive_at_fork = preload._thread.is_alive()
-        _, status = os.waitpid(pid, 0)
-        emit({"alive_at_fork": alive_at_fork, "child": os.waitstatus_to_exitcode(status)})
-        """), timeout=120)
-    assert out["alive_at_fork"] is False and out["child"] == 0, out
