@@ -371,6 +371,29 @@ def test_guard_values_round_trip(value: object) -> None:
     assert back is value if value is torch.ops.aten else (back == value and type(back) is type(value))
 
 
+def _as_module() -> torch.nn.Module:
+    class Func(torch.nn.Module):  # a local class: no import name rebuilds its instance
+        def forward(self, x):
+            return x
+
+    return Func()
+
+
+BOUND_INSTANCE = _as_module()  # as kernels binds `apply_rotary_pos_emb` in a transformers modeling module
+
+
+def test_an_instance_a_module_binds_round_trips_by_that_name() -> None:
+    with pytest.raises(CodecError):
+        encode_value(BOUND_INSTANCE)
+    desc = code_codec.encode_global(BOUND_INSTANCE)
+    assert desc == {"kind": "global", "module": __name__, "name": "BOUND_INSTANCE",
+                    "type": f"{__name__}._as_module.<locals>.Func"}
+    assert decode_value(json.loads(json.dumps(desc))) is BOUND_INSTANCE
+    with pytest.raises(CodecError, match="no module binds this") as info:
+        code_codec.encode_global(_as_module())
+    assert "Fix: " in str(info.value)
+
+
 @pytest.mark.parametrize(
     "value, needle",
     [
@@ -419,6 +442,8 @@ def test_local_class_refused_at_dump_with_location() -> None:
         ({"kind": "dtype", "name": "add"}, "expected a dtype"),
         ({"kind": "size", "dims": ["3"]}, "non-int"),
         ({"kind": "pickle", "data": "..."}, "unknown descriptor kind"),
+        ({"kind": "global", "module": __name__, "name": "NO_SUCH", "type": "x.Y"}, "no top-level name 'NO_SUCH'"),
+        ({"kind": "global", "module": __name__, "name": "NT", "type": "x.Func"}, "expected a x.Func"),
         ("class", "malformed descriptor"),
     ],
 )

@@ -277,6 +277,20 @@ def _dec_float(desc: Desc, key: str = "hex") -> float:
         raise CodecError(f"malformed float in {desc.get('kind')!r} descriptor", fix=_FIX_STALE) from exc
 
 
+def _dec_global(desc: Desc) -> object:
+    """An object a module binds at its top level (``encode_global``: transformers' modeling
+    modules bind such instances with ``kernels`` installed), of the type it had when captured."""
+    module = _import(_get(desc, "module", str))
+    name = _get(desc, "name", str)
+    obj = vars(module).get(name, _MISSING) if name.isidentifier() else _MISSING
+    if obj is _MISSING:
+        raise CodecError(f"module {module.__name__!r} has no top-level name {name!r}",
+                         fix=f"the code changed since it was cached; {_FIX_STALE}")
+    t = type(obj)
+    _expect(f"{t.__module__}.{t.__qualname__}" == _get(desc, "type", str), obj, f"a {desc['type']}")
+    return obj
+
+
 #: the kinds most programs hold; the rest (``code_decode_rare``) are imported by the first value of such a kind
 _DECODERS: dict[str, Callable[[Desc], object]] = {
     "none": lambda d: None,
@@ -298,6 +312,7 @@ _DECODERS: dict[str, Callable[[Desc], object]] = {
     "class": _dec_class,
     "enum": _dec_enum,
     "function": _dec_function,
+    "global": _dec_global,
 }
 
 
@@ -563,7 +578,7 @@ def code_fingerprint(code: types.CodeType) -> str:
 
 
 #: the encode side (capture only) lives in ``code_encode``: a warm start never imports it
-_ENCODE_SIDE = frozenset({"encode_value", "dumps_code", "_locate", "_fresh_token", "_SwapOut"})
+_ENCODE_SIDE = frozenset({"encode_value", "encode_global", "dumps_code", "_locate", "_fresh_token", "_SwapOut"})
 
 
 def __getattr__(name: str) -> Any:

@@ -83,6 +83,46 @@ def _locate(obj: object) -> tuple[str, str]:
 
 
 
+def _type_name(obj: object) -> str:
+    t = type(obj)
+    return f"{t.__module__}.{t.__qualname__}"
+
+
+def encode_global(obj: object) -> Desc:
+    """An object no name imports (an instance, e.g. a function wrapped into a module
+    object by a decorator) that a module binds at its top level:
+    ``{"kind": "global", "module", "name", "type"}``, found again as that attribute.
+
+    The identity of such an object in another process is the object that module binds
+    under that name (as a function's is the one its import path finds). The modules its
+    type and the object itself name are searched first, then every module in import
+    order, ``__main__`` last; a name that does not read back as ``obj`` is never used.
+    """
+    named = [m for m in (getattr(type(obj), "__module__", None), _safe_attr(obj, "__module__")) if isinstance(m, str)]
+    order = list(dict.fromkeys([*named, *(m for m in list(sys.modules) if m not in ("__main__", "__mp_main__")),
+                                "__main__"]))
+    for module in order:
+        mod = sys.modules.get(module)
+        space = getattr(mod, "__dict__", None) if mod is not None else None
+        if type(space) is not dict or getattr(mod, "__name__", None) != module:
+            continue
+        for attr, val in list(space.items()):
+            if val is obj and type(attr) is str and attr.isidentifier():
+                return {"kind": "global", "module": module, "name": attr, "type": _type_name(obj)}
+    raise _refuse(
+        obj,
+        f"no module binds this {type(obj).__qualname__} at its top level, so a fresh process cannot find it",
+        f"bind it to a module-level name, or {_FIX_OFF}",
+    )
+
+
+def _safe_attr(obj: object, name: str) -> object:
+    try:
+        return getattr(obj, name, None)
+    except Exception:
+        return None
+
+
 # --------------------------------------------------------------------------
 # encode_value
 # --------------------------------------------------------------------------

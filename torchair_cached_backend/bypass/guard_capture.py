@@ -321,8 +321,13 @@ class _Builder:
             return self.code_check(e, value)
         try:
             ref = self.const(value)
-        except code_codec.CodecError as exc:
-            raise Unsupported(f"identity of {desc} (a {type(value).__qualname__}) cannot be checked in another process") from exc
+        except code_codec.CodecError:
+            try:  # an instance no name imports: the one a module binds at its top level
+                ref = self.const_desc(code_codec.encode_global(value))
+            except code_codec.CodecError as exc:
+                raise Unsupported(
+                    f"identity of {desc} (a {type(value).__qualname__}) cannot be checked in another process: {exc}"
+                ) from exc
         if callable(value) and not isinstance(value, types.ModuleType):
             self.origin(ref, value, desc)
         return f"({e} is {ref})"
