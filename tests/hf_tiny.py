@@ -87,6 +87,43 @@ def _gemma(s: Size) -> Any:
     return GemmaForCausalLM(GemmaConfig(**_decoder(s), head_dim=s.hidden // s.heads))
 
 
+def _qwen3(s: Size) -> Any:
+    """Per-head q/k RMSNorm before RoPE."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    return Qwen3ForCausalLM(Qwen3Config(**_decoder(s), head_dim=s.hidden // s.heads))
+
+
+def _qwen3_moe(s: Size) -> Any:
+    """Sparse MoE blocks: top-2 of 4 experts, router logits normalized."""
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    return Qwen3MoeForCausalLM(Qwen3MoeConfig(**_decoder(s), head_dim=s.hidden // s.heads, num_experts=4,
+                                              num_experts_per_tok=2, moe_intermediate_size=s.hidden))
+
+
+def _deepseek_v3(s: Size) -> Any:
+    """Multi-head latent attention (low-rank q and kv, split RoPE dims), a dense first layer then
+    MoE layers with a shared expert and grouped top-k routing."""
+    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+
+    head = s.hidden // s.heads
+    cfg = {**_decoder(s), "num_key_value_heads": s.heads}
+    return DeepseekV3ForCausalLM(DeepseekV3Config(
+        **cfg, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=s.hidden, first_k_dense_replace=1,
+        kv_lora_rank=2 * head, q_lora_rank=2 * head, qk_rope_head_dim=head, qk_nope_head_dim=head, v_head_dim=head,
+        head_dim=head, n_group=1, topk_group=1,
+    ))
+
+
+def _gemma3(s: Size) -> Any:
+    """Local sliding-window layers between global ones, two RoPE bases, q/k norms, soft-capping."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    return Gemma3ForCausalLM(Gemma3TextConfig(**_decoder(s), head_dim=s.hidden // s.heads,
+                                              sliding_window=max(2, s.seq // 2)))
+
+
 def _gpt2(s: Size) -> Any:
     from transformers import GPT2Config, GPT2LMHeadModel
 
@@ -151,6 +188,10 @@ FAMILIES: dict[str, tuple[Callable[[Size], Any], str]] = {
     "mistral_sliding": (_mistral_sliding, "logits"),
     "phi3": (_phi3, "logits"),
     "gemma": (_gemma, "logits"),
+    "qwen3": (_qwen3, "logits"),
+    "qwen3_moe": (_qwen3_moe, "logits"),
+    "deepseek_v3": (_deepseek_v3, "logits"),
+    "gemma3": (_gemma3, "logits"),
     "gpt2": (_gpt2, "logits"),
     "gpt_neox": (_gpt_neox, "logits"),
     "opt": (_opt, "logits"),

@@ -26,12 +26,34 @@ def ours():
 """
 
 
+#: what the thread imports without Dynamo: the warm path, then cache_compile's modules
+PRELOADED = WARM_PATH_MODULES | set(preload.DROP_IN)
+
+
 def test_the_background_import_is_the_warm_path_a_load_imports():
     # test_warm_path checks WARM_PATH_MODULES against what a warm load imports with the preload off
     assert set(preload.WARM_PATH) | set(PACKAGE_IMPORT_MODULES) == WARM_PATH_MODULES
 
 
-def test_after_torch_the_package_import_preloads_the_warm_path_only():
+def test_the_drop_in_set_is_what_a_warm_cache_compile_imports(tmp_path):
+    # with the background import off: what a warm cache_compile imports of ours beyond the warm path
+    # is exactly preload.DROP_IN (a stale list would preload too little or too much)
+    d = str(tmp_path)
+    script = OURS + TINY + textwrap.dedent(f"""
+        m = Tiny().eval()
+        before = set(ours())
+        fn = tcb.cache_compile(m.forward, cache_dir={d!r}, compiler="eager")
+        fn(torch.ones(2, 4))
+        from child_helpers import frames
+        emit({{"added": sorted(set(ours()) - before), "frames": frames(), "loads": tcb.stats().as_dict()["bypass_loads"]}})
+        """)
+    run_python(script, env={"TCB_PRELOAD": "0"})
+    warm = run_python(script, env={"TCB_PRELOAD": "0"})
+    assert warm["frames"] == 0 and warm["loads"] == 1, warm
+    assert set(warm["added"]) - WARM_PATH_MODULES == set(preload.DROP_IN), warm["added"]
+
+
+def test_after_torch_the_package_import_preloads_the_warm_path_and_the_drop_in_only():
     out = run_python(OURS + textwrap.dedent("""
         import torch
         before = set(sys.modules)
@@ -45,7 +67,7 @@ def test_after_torch_the_package_import_preloads_the_warm_path_only():
         """))
     assert out["started"] and out["done"] and out["daemon"], out
     assert out["name"] == preload.THREAD_NAME
-    assert set(out["ours"]) == WARM_PATH_MODULES, sorted(set(out["ours"]) ^ WARM_PATH_MODULES)
+    assert set(out["ours"]) == PRELOADED, sorted(set(out["ours"]) ^ PRELOADED)
     assert not set(NOT_ON_THE_WARM_PATH + COLD_SIDE_MODULES) & set(out["ours"])
     # nothing outside the package: no Dynamo, no Inductor (torch was imported before)
     assert not [m for m in out["others"] if m.startswith("torch")], out["others"]
@@ -171,7 +193,7 @@ PROFILING = "torchair_cached_backend.profiling"
 
 def test_the_warm_path_imports_stay_inside_it_without_cycles():
     # two threads importing these modules can only wait on each other's import locks through a cycle
-    nodes = WARM_PATH_MODULES | set(preload.ROUTE) | {PROFILING}
+    nodes = PRELOADED | set(preload.ROUTE) | {PROFILING}
     graph = {name: _module_imports(name) for name in nodes}
     for name, deps in graph.items():
         assert deps <= nodes, (name, sorted(deps - nodes))
@@ -268,7 +290,8 @@ def test_with_dynamo_the_thread_imports_the_backend_route_too(dynamo):
                "others": sorted(m for m in set(sys.modules) - before if not m.startswith("torchair_cached_backend"))}})
         """))
     assert out["done"], out
-    assert set(out["ours"]) == WARM_PATH_MODULES | set(preload.ROUTE), sorted(set(out["ours"]) ^ (WARM_PATH_MODULES | set(preload.ROUTE)))
+    want = PRELOADED | set(preload.ROUTE)
+    assert set(out["ours"]) == want, sorted(set(out["ours"]) ^ want)
     assert {out["who"][m] for m in preload.ROUTE} == {preload.THREAD_NAME}, out["who"]
     assert not {"torchair_cached_backend.bypass.capture", "torchair_cached_backend.backend"} & set(out["ours"])
     if dynamo == "before the package":  # nothing of torch's is imported for the route

@@ -1,12 +1,14 @@
 """Coverage suite: real transformers models (tiny random configs) are served by the bypass.
 
-For each family, through both routes, with both the ``eager`` and ``inductor`` inner compilers:
+For each family, through every route, with both the ``eager`` and ``inductor`` inner compilers:
 
 * route ``cache_compile``: ``tcb.cache_compile(model.forward, cache_dir=..., compiler=...)`` in
   the cold process and again in the warm one;
 * route ``load``: ``torch.compile(model, backend="npu_cached", options=...)`` cold, then
   ``tcb.load(model, cache_dir, compiler=...)`` warm (default ``fallback=True``, as users call it,
-  so a warm start that does not replay is visible as a Dynamo frame and a counted fallback).
+  so a warm start that does not replay is visible as a Dynamo frame and a counted fallback);
+* route ``backend`` (eager inner compiler): ``torch.compile(model, backend="npu_cached", options=...)``
+  in both processes: the warm one installs the cached program into Dynamo's frame cache, no frame traced.
 
 The cold and the warm process are fresh interpreters that build the same model from the same
 seed. One cold and one warm process per (route, compiler) serve every family, each family in its
@@ -22,7 +24,10 @@ from __future__ import annotations
 import pytest
 from hf_tiny import FAMILIES
 
-ROUTES = ("cache_compile", "load")
+ROUTES = ("cache_compile", "load", "backend")
+#: the backend route (``torch.compile(model, backend="npu_cached")`` in both processes) with the eager
+#: inner compiler: what it replays is what ``load()`` replays, only the entry into Dynamo's frame cache differs
+EAGER_ONLY_ROUTES = ("backend",)
 #: Inductor compiles take ~15 s per family and route on 2 busy cores: two decoders, two encoders
 INDUCTOR_FAMILIES = ("llama", "gpt2", "bert", "t5_encoder")
 #: called positionally, ``fn(input_ids, attention_mask)``: both are the first parameters of its forward
@@ -54,7 +59,7 @@ for family in {families!r}:
             expected = model(**inputs)
             if route == "cache_compile":
                 fn = tcb.cache_compile(model.forward, cache_dir=cache_dir, compiler=compiler)
-            elif phase == "cold":
+            elif phase == "cold" or route == "backend":
                 fn = torch.compile(model, backend="npu_cached", options={{"cache_dir": cache_dir, "compiler": compiler}})
             else:
                 fn = tcb.load(model, cache_dir, compiler=compiler)
@@ -121,6 +126,8 @@ def _cases() -> list:
     for compiler in ("eager", "inductor"):
         marks = [pytest.mark.slow] if compiler == "inductor" else []
         for route in ROUTES:
+            if compiler != "eager" and route in EAGER_ONLY_ROUTES:
+                continue
             for family in _families(compiler):
                 cases.append(pytest.param(route, compiler, family, marks=marks, id=f"{route}-{compiler}-{family}"))
     return cases

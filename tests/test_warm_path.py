@@ -397,9 +397,10 @@ WARM_PATH_MODULES = frozenset("torchair_cached_backend" + m for m in (
     ".bypass.dynamo_stub", ".bypass.guard_runtime", ".bypass.world_state",
 ))
 #: cold-side modules every warm load used to import (each split off a module a warm load still needs, or
-#: left holding only the compile side: CachedGraph, Artifact and load_code moved to modules a load imports)
+#: left holding only the compile side: CachedGraph, Artifact and load_code moved to modules a load imports);
+#: ``torchair_config`` is not among them: a load does not import it, ``cache_compile`` does (``preload.DROP_IN``)
 COLD_SIDE_MODULES = tuple("torchair_cached_backend." + m for m in (
-    "backend", "key_graph", "store_write", "store_backend_write", "store_faults", "fs_write", "torchair_config",
+    "backend", "key_graph", "store_write", "store_backend_write", "store_faults", "fs_write",
     "code_decode_rare", "compilers.eager_compile", "bypass.loader_miss", "bypass.loader_resume",
     "bypass.loader_callees", "bypass.replay_resume", "bypass.program_merge", "bypass.sources_capture",
     "compilers.base", "compilers.pycode", "bypass.replay_fallback",

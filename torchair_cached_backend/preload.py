@@ -3,7 +3,8 @@
 Importing our own hit-path modules (~20 modules, ~300 KB of bytecode) is the largest part
 of a warm start's fixed cost: 4-5 ms of a tiny model's ~10 ms. ``import
 torchair_cached_backend`` starts one daemon thread that imports exactly those modules, so
-they are usually in ``sys.modules`` by the time the model is built and :func:`load` runs.
+they are usually in ``sys.modules`` by the time the model is built and :func:`load` runs
+(:data:`DROP_IN`: ``cache_compile``'s two modules too).
 Once Dynamo is imported too (a transformers model's build imports it), the same thread
 imports what the backend route adds (:data:`ROUTE`: ``torch.compile(model,
 backend="npu_cached")`` replaying from Dynamo's frame callback), ~1.5-2 ms more.
@@ -45,6 +46,9 @@ WARM_PATH = tuple("torchair_cached_backend." + m for m in (
     "bypass.world_state", "bypass.guard_runtime", "bypass.program", "bypass.sources", "bypass.replay",
     "bypass.loader",
 ))
+#: what ``cache_compile(...)`` (the torchair drop-in) imports besides :data:`WARM_PATH`: its call (the
+#: model's directory name, its options) runs before the first call's load, ~0.5-1 ms of imports
+DROP_IN = tuple("torchair_cached_backend." + m for m in ("torchair_config", "drop_in"))
 #: what a warm ``torch.compile(model, backend="npu_cached")`` imports besides :data:`WARM_PATH`
 #: (the frame callback that installs replays, the name's resolution, the debug wrapper's deferral)
 ROUTE = tuple("torchair_cached_backend." + m for m in (
@@ -82,7 +86,7 @@ def start() -> bool:
         if _started or not enabled() or not _torch_imported():
             return False
         _started = True
-    return _submit(list(WARM_PATH) + (_route_names() if DYNAMO in sys.modules else []))
+    return _submit(list(WARM_PATH) + list(DROP_IN) + (_route_names() if DYNAMO in sys.modules else []))
 
 
 def after_dynamo() -> bool:
