@@ -149,6 +149,46 @@ def test_profile_breaks_down_a_backend_route_warm_start(tmp_path):
     assert cold_lines and all("not replayed: CacheMiss" in ln for ln in cold_lines), cold["_stderr"][-3000:]
 
 
+@pytest.mark.parametrize("case", ["guards none", "checks fail"])
+def test_profile_line_of_a_backend_route_load_comes_with_its_own_call(tmp_path, case):
+    # the line is printed when the frame callback returns, for that frame: with guards="none" no check
+    # runs (it waited until exit), and a variant whose checks fail is not called installed
+    d = str(tmp_path)
+    extra = ', "guards": "none"' if case == "guards none" else ""
+    script = MODEL + textwrap.dedent(f"""
+        import os, sys
+        from child_helpers import frames
+
+        class Scaled(nn.Module):  # the root frame's checks hold self.k
+            def __init__(self, k):
+                super().__init__()
+                torch.manual_seed(0)
+                self.lin, self.k = nn.Linear(4, 4), k
+
+            def forward(self, x):
+                return self.lin(x) * self.k
+
+        m, x = Scaled(float(os.environ["K"])).eval(), torch.randn(2, 4)
+        f = torch.compile(m, backend="npu_cached", options={{"cache_dir": {d!r}, "compiler": "eager"{extra}}})
+        with torch.no_grad():
+            ok = bool(torch.allclose(f(x), m.lin(x) * m.k))
+        print("after the first call", file=sys.stderr, flush=True)
+        emit({{"ok": ok, "frames": frames()}})
+        """)
+    cold = run_python(script, env={"TCB_PROFILE": "1", "K": "2"})
+    warm = run_python(script, env={"TCB_PROFILE": "1", "K": "3" if case == "checks fail" else "2"})
+    assert cold["ok"] and warm["ok"], (cold, warm)
+    err = warm["_stderr"]
+    lines = [ln for ln in err.splitlines() if ln.startswith("tcb profile: backend route load Scaled.forward")]
+    assert len(lines) == 1, err[-3000:]
+    assert err.index(lines[0]) < err.index("after the first call"), err[-3000:]
+    if case == "guards none":
+        assert warm["frames"] == 0 and re.search(r"install check \d+\.\d+ ms", lines[0]), (warm, lines)
+    else:
+        assert warm["frames"] == 1, warm
+        assert "install check" not in lines[0] and "not installed: no variant's checks hold" in lines[0], lines
+
+
 def test_no_profile_line_without_the_variable(run, tmp_path):
     out = run(
         f"""

@@ -154,6 +154,8 @@ def describe_value(value: Any, _depth: int = 0) -> Any:
 
 def _without_addresses(text: str) -> str:
     global _ADDRESS
+    if " at 0x" not in text:  # most reprs: no pattern compiled on a warm start
+        return text
     if _ADDRESS is None:
         import re
 

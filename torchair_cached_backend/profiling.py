@@ -17,6 +17,8 @@ frame cache (Dynamo then runs the replayed code itself: its first run is not tim
     tcb profile: backend route load LlamaForCausalLM.forward: 4.80 ms = imports 0.00 + ...
     | install check 2.10 ms (then Dynamo runs the replayed code)
 
+(or ``(not installed: no variant's checks hold (2.10 ms), Dynamo traces the frame)``).
+
 Phases are exclusive (an inner phase's time is not counted in the outer one), so they
 add up to the load's total: ``imports`` our modules imported during the load (finding,
 reading and unmarshalling their code, running their bodies; always shown), ``read`` the entry files, ``verify`` their sha256,
@@ -74,6 +76,7 @@ class _Load:
         self.before = (0.0, 0)  # (seconds, modules) of our imports since the last line, before this load
         self.background = (0.0, 0)  # the same, imported by the background thread (not paid by the caller)
         self.route = False  # the backend route's load: Dynamo runs the installed code (no first run timed)
+        self.built_at = 0.0  # when a route load's build returned: its install check starts there
 
     def add(self, phase: str, seconds: float) -> None:
         self.phases[phase] = self.phases.get(phase, 0.0) + seconds
@@ -162,7 +165,7 @@ def timed(phase: str, fn: Callable[..., Any]) -> Callable[..., Any]:
 def profiled_load(build: Callable[..., Any], route: bool = False) -> Callable[..., Any]:
     """``build_replay`` as a profiled load: its own line, nested loads counted as ``callees``;
     ``route``: the backend route's ``build_frame_variants``, whose line follows the check that
-    installs a variant into Dynamo's frame cache (:func:`_timed_install_check`)."""
+    installs a variant into Dynamo's frame cache (:func:`_timed_route_replay`)."""
 
     @functools.wraps(build)
     def wrapper(target: Any, *args: Any, **kwargs: Any) -> Any:
@@ -194,6 +197,7 @@ def profiled_load(build: Callable[..., Any], route: bool = False) -> Callable[..
             if load.outcome:
                 load.report()
         if route:
+            load.built_at = time.perf_counter()
             _route_pending.append(load)
             if not replay[0]:  # no variant (the frame runs as Python): nothing is installed
                 _report_route()
@@ -249,29 +253,36 @@ def _time_first_call(load: _Load, replay: Any) -> None:
         variant.fn = timed_run(variant.fn)
 
 
-#: backend route loads built, whose install check has not run yet (the callback's thread)
+#: backend route loads built, whose install has not been decided yet (the callback's thread)
 _route_pending: list[_Load] = []
 
 
-def _report_route(check_s: float | None = None) -> None:
+def _report_route(check_s: float | None = None, installed: bool = True) -> None:
     load = _route_pending.pop()
     load.first_check = check_s
+    if not installed:
+        spent = "" if check_s is None else f" ({check_s * 1e3:.2f} ms)"
+        load.outcome = f"not installed: no variant's checks hold{spent}, Dynamo traces the frame"
     load.report()
 
 
-def _timed_install_check(holds: Callable[..., bool]) -> Callable[..., bool]:
-    """``frame_install._holds``: its first call after a route load is that load's install check
-    (the variant's checks before Dynamo installs it); later calls (Dynamo's guard) untimed."""
+def _timed_route_replay(replay: Callable[..., Any]) -> Callable[..., Any]:
+    """``ReplayingCallback._tcb_replay``: what follows a route load built inside it (the variants'
+    checks, the install into Dynamo's frame cache) is that load's install check; its result says
+    whether a variant was installed (None: Dynamo traces). Whatever the options (``guards="none"``
+    checks nothing), the line is printed when the callback returns."""
 
-    @functools.wraps(holds)
-    def wrapper(*args: Any, **kwargs: Any) -> bool:
-        if not _route_pending:
-            return holds(*args, **kwargs)
-        t0 = time.perf_counter()
+    @functools.wraps(replay)
+    def wrapper(self: Any, frame: Any, *args: Any, **kwargs: Any) -> Any:
+        mark = len(_route_pending)
+        result: Any = None
         try:
-            return holds(*args, **kwargs)
+            result = replay(self, frame, *args, **kwargs)
+            return result
         finally:
-            _report_route(time.perf_counter() - t0)
+            while len(_route_pending) > mark:
+                load = _route_pending[-1]
+                _report_route(time.perf_counter() - load.built_at, installed=result is not None)
 
     wrapper.__wrapped_by_tcb_profile__ = True  # type: ignore[attr-defined]
     return wrapper
@@ -326,8 +337,8 @@ def _wrap_targets(module_name: str) -> None:
         module.build_replay = profiled_load(module.build_replay)
         module.build_frame_variants = profiled_load(module.build_frame_variants, route=True)
     elif module_name == f"{PACKAGE}.bypass.frame_install" and not getattr(
-            module._holds, "__wrapped_by_tcb_profile__", False):
-        module._holds = _timed_install_check(module._holds)
+            module.ReplayingCallback._tcb_replay, "__wrapped_by_tcb_profile__", False):
+        module.ReplayingCallback._tcb_replay = _timed_route_replay(module.ReplayingCallback._tcb_replay)
 
 
 def _outside_import(seconds: float) -> None:
