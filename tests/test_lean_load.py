@@ -80,6 +80,31 @@ def test_depth_bound_is_exact(kind):
         store_layout._check_depth([[1], [[[2]]]], limit=3)
 
 
+@pytest.mark.parametrize("text, refused", [
+    ('{"n": 12345678901234567890}', False),  # 20 digits: the longest integer accepted
+    ('{"n": -123456789012345678901}', True),
+    ('[1.5, -0.25, 3e99, 1e-99]', False),
+    ('[1e308]', False),
+    ('[1e999]', True),
+    ('[-1E+400]', True),
+    ('[0.%s1]' % ("0" * 30), False),  # a long fraction: the hooks, finite
+    ('{"sha": "8e209a%s"}' % ("1" * 20), False),
+    ('[%s.0]' % ("9" * 400), True),  # too long to be finite
+    ('{"x": NaN}', True),
+    ('[Infinity]', True),
+    ('{"s": "%s"}' % ("7" * 40), False),  # a digit run in a string: the hooks, nothing refused
+])
+@pytest.mark.parametrize("as_bytes", [False, True])
+def test_number_bounds_are_exact(text, refused, as_bytes):
+    # integers up to 20 digits and finite floats only, in numbers; a digit run inside a string is text
+    raw = text.encode() if as_bytes else text
+    if refused:
+        with pytest.raises(store_layout.JsonBoundsError):
+            store_layout.loads_bounded(raw)
+    else:
+        assert store_layout.loads_bounded(raw) == json.loads(text)
+
+
 def _make(src: str, cell: object = "cache") -> object:
     """A function ``f`` built from ``src`` inside a maker whose closure holds ``cell``."""
     namespace: dict = {}

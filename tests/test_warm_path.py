@@ -6,6 +6,7 @@ where a warm start spent its time."""
 from __future__ import annotations
 
 import re
+import sys
 import textwrap
 
 import pytest
@@ -492,6 +493,35 @@ def test_warm_load_imports_only_the_warm_path_modules(llama_warm):
     assert set(out["imported"]) <= WARM_PATH_MODULES, sorted(set(out["imported"]) - WARM_PATH_MODULES)
     assert set(out["imported"]) == WARM_PATH_MODULES, sorted(WARM_PATH_MODULES - set(out["imported"]))
     assert not set(COLD_SIDE_MODULES) & set(out["imported"]), out["imported"]
+
+
+def test_a_warm_load_of_a_frame_that_traced_the_standard_library_imports_no_capture_side(tmp_path):
+    # BERT's forward traces `inspect`: its version ("python 3.11", the interpreter's) was looked up
+    # through the capture side's library roots (sources_capture) on every warm load
+    d = str(tmp_path)
+    run_python(LLAMA + textwrap.dedent(f"""
+        model, inputs = hf_tiny.build("bert")
+        with torch.no_grad():
+            torch.compile(model, backend="npu_cached", options={{"cache_dir": {d!r}, "compiler": "eager"}})(**inputs)
+        emit({{}})
+        """))
+    out = run_python(LLAMA + textwrap.dedent(f"""
+        model, inputs = hf_tiny.build("bert")
+        with torch.no_grad():
+            before = set(sys.modules)
+            import torchair_cached_backend as tcb
+            f = tcb.load(model, {d!r}, compiler="eager", fallback=False)
+            ok = bool(torch.allclose(f(**inputs).last_hidden_state, model(**inputs).last_hidden_state, atol=1e-5))
+        imported = sorted(m for m in set(sys.modules) - before if m.startswith("torchair_cached_backend"))
+        import json, glob
+        traced = [t for m in glob.glob({d!r} + "/programs/*/manifest.json")
+                  for f in json.load(open(m))["program"]["frames"].values() for t in f["traced"]]
+        emit({{"ok": ok, "imported": imported, "traced": traced}})
+        """), env=NO_PRELOAD)
+    assert out["ok"], out
+    python = f"python {sys.version_info[0]}.{sys.version_info[1]}"
+    assert {"library": "inspect", "version": python} in out["traced"], out["traced"]  # the case holds here
+    assert set(out["imported"]) == WARM_PATH_MODULES, sorted(set(out["imported"]) ^ WARM_PATH_MODULES)
 
 
 #: what the backend route adds to a load's modules: the hook, the frame-cache install and its argument

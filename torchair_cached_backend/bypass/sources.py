@@ -36,6 +36,11 @@ def _imported(name: str) -> Any:
     return module
 
 
+#: the standard library's directory (``os`` lives there) and how its modules' version reads
+_STDLIB = os.path.dirname(os.path.abspath(os.__file__)) + os.sep
+_PYTHON = f"python {sys.version_info[0]}.{sys.version_info[1]}"
+
+
 def library_version(package: str) -> str | None:
     """The version of an importable top-level package, without importlib.metadata where possible."""
     module = _imported(package)
@@ -44,6 +49,9 @@ def library_version(package: str) -> str | None:
     version = getattr(module, "__version__", None)
     if isinstance(version, str):
         return version
+    file = getattr(module, "__file__", None)
+    if package in sys.stdlib_module_names and (file is None or os.path.abspath(file).startswith(_STDLIB)):
+        return _PYTHON  # the interpreter's own (inspect, functools: BERT's forward traces inspect)
     from .sources_capture import _library_roots, is_library_file  # a package without __version__: rare
 
     file = getattr(module, "__file__", None) or ""
@@ -56,7 +64,7 @@ def library_version(package: str) -> str | None:
             return metadata.version(package)
         except Exception:
             return None
-    return f"python {sys.version_info[0]}.{sys.version_info[1]}"  # standard library
+    return _PYTHON  # standard library
 
 
 def find_live_code(module_name: str | None, qualname: str) -> types.CodeType | None:
