@@ -291,6 +291,22 @@ def _dec_global(desc: Desc) -> object:
     return obj
 
 
+def _dec_op(desc: Desc) -> object:
+    """``torch.ops.<namespace>.<name>[.<overload>]``, found through torch's op registry."""
+    namespace, _, name = _get(desc, "name", str).partition("::")
+    op: Any = getattr(getattr(torch.ops, namespace), name)
+    overload = desc.get("overload")
+    if overload is not None:
+        op = getattr(op, _get(desc, "overload", str))
+    return op
+
+
+def _dec_op_namespace(desc: Desc) -> object:
+    name = _get(desc, "name", str)
+    _expect(name.isidentifier(), name, "an operator namespace name")
+    return getattr(torch.ops, name)
+
+
 #: the kinds most programs hold; the rest (``code_decode_rare``) are imported by the first value of such a kind
 _DECODERS: dict[str, Callable[[Desc], object]] = {
     "none": lambda d: None,
@@ -313,6 +329,8 @@ _DECODERS: dict[str, Callable[[Desc], object]] = {
     "enum": _dec_enum,
     "function": _dec_function,
     "global": _dec_global,
+    "op": _dec_op,  # MoE routing (Mixtral, Qwen3-MoE, DeepSeek-V3) holds torch.ops.aten.* constants
+    "op_namespace": _dec_op_namespace,
 }
 
 

@@ -1,9 +1,9 @@
 """Decoders of the value kinds few programs hold (see ``code_codec.decode_value``).
 
-Bytes, complex numbers, sets, slices, ranges, ``finfo``/``iinfo``, operators and
-their namespaces, a module's ``__dict__``, namedtuples, bound methods and typing
-aliases: found the same way (import + attribute walk, then type-checked), imported
-by the first such value a load decodes.
+Bytes, complex numbers, sets, slices, ranges, ``finfo``/``iinfo``, a module's
+``__dict__``, namedtuples, bound methods and typing aliases: found the same way
+(import + attribute walk, then type-checked), imported by the first such value a
+load decodes.
 """
 
 from __future__ import annotations
@@ -55,22 +55,6 @@ def _dec_namedtuple(desc: Desc) -> tuple[Any, ...]:
     return typing.cast(tuple, cls._make([decode_value(d) for d in _get(desc, "fields", list)]))
 
 
-def _dec_op(desc: Desc) -> object:
-    """``torch.ops.<namespace>.<name>[.<overload>]``, found through torch's op registry."""
-    namespace, _, name = _get(desc, "name", str).partition("::")
-    op: Any = getattr(getattr(torch.ops, namespace), name)
-    overload = desc.get("overload")
-    if overload is not None:
-        op = getattr(op, _get(desc, "overload", str))
-    return op
-
-
-def _dec_op_namespace(desc: Desc) -> object:
-    name = _get(desc, "name", str)
-    _expect(name.isidentifier(), name, "an operator namespace name")
-    return getattr(torch.ops, name)
-
-
 def _dec_module_dict(desc: Desc) -> dict[str, Any]:
     return vars(_dec_module({"kind": "module", "name": _get(desc, "module", str)}))
 
@@ -112,8 +96,6 @@ RARE_DECODERS: dict[str, Callable[[Desc], object]] = {
         decode_value(_get(d, "step", dict)),
     ),
     "range": lambda d: range(_get(d, "start", int), _get(d, "stop", int), _get(d, "step", int)),
-    "op": _dec_op,
-    "op_namespace": _dec_op_namespace,
     "module_dict": _dec_module_dict,
     "namedtuple": _dec_namedtuple,
     "method": _dec_method,
