@@ -58,3 +58,68 @@ def test_max_size_scans_the_cache_only_when_needed(tmp_path, monkeypatch):
     store.save("big", {"blob": b"z" * (1 << 20)}, {})
     backend._bound_size(store, 1 << 20, "big")  # over max_size: now it scans and prunes
     assert len(scans) == 2 and store.keys() == ["big"]
+
+
+def _programs(tmp_path, n: int) -> str:
+    """A program store with one real entry (a function ``f`` compiled) and ``n`` programs of other
+    functions (that entry under other keys: other prefixes)."""
+    import os
+    import shutil
+
+    d = str(tmp_path / "programs_cache")
+    f = torch.compile(_double, backend="npu_cached", options={"cache_dir": d, "compiler": "eager"})
+    f(torch.ones(3))
+    root = os.path.join(d, "programs")
+    (real,) = os.listdir(root)
+    for i in range(n):
+        shutil.copytree(os.path.join(root, real), os.path.join(root, f"{i:064x}"))
+    return d
+
+
+def _double(x):
+    return x * 2
+
+
+def _triple(x):
+    return x * 3
+
+
+def test_a_program_miss_reads_no_other_functions_manifest(tmp_path, monkeypatch):
+    # a warm start's misses (the backend route looks up every frame the replayed code calls: config
+    # getters with no program) read every program's manifest to explain themselves: 0.37 s per miss at
+    # 2000 programs. The key's prefix names the function: a miss reads only its own function's entries
+    from torchair_cached_backend import CacheMiss, load
+
+    d = _programs(tmp_path, N)
+    reads = []
+    real = Store.read_manifest
+    monkeypatch.setattr(Store, "read_manifest", lambda self, k: reads.append(k) or real(self, k))
+    try:
+        load(_triple, d, compiler="eager", fallback=False)
+        raise AssertionError("a function with no program loaded")
+    except CacheMiss as miss:
+        assert "no cached program" in str(miss), miss
+    assert reads == [], reads
+
+
+def test_a_program_miss_still_finds_an_edited_version(tmp_path):
+    # the other half: an entry of the same function with other code is found (by its prefix) and set aside
+    import os
+
+    from torchair_cached_backend import CacheMiss, load
+
+    d = _programs(tmp_path, 0)
+    global _double
+    kept = _double
+
+    def _double(x):  # noqa: F811  (the same function, edited)
+        return x * 2 + 0
+
+    try:
+        load(_double, d, compiler="eager", fallback=False)
+        raise AssertionError("an edited function loaded its old program")
+    except CacheMiss as miss:
+        assert "is stale" in str(miss) and "was edited" in str(miss), miss
+    finally:
+        _double = kept
+    assert os.listdir(os.path.join(d, "programs")) == []  # the stale entry set aside

@@ -16,7 +16,7 @@ from .. import code_codec
 from ..options import BackendOptions
 from ..stats import record_fallback
 from .loader import CacheMiss, _reason_kind, _torch_compile_fallback, resolve_target
-from .program import PROGRAM_FORMAT
+from .program import FUNCTION_PREFIX, PROGRAM_FORMAT
 from .replay import ReplayedFunction
 
 
@@ -24,11 +24,13 @@ def _why_missing(
     store: Any, identity: dict[str, Any], key: str, code: types.CodeType, compiler: str, cache_dir: str, name: str
 ) -> str:
     """Explain a program miss: an entry for an *edited* version of the function is
-    stale (removed here, so it is never replayed), else nothing was cached."""
+    stale (removed here, so it is never replayed), else nothing was cached. Only the
+    entries whose keys begin with this function's prefix are read (``program.function_prefix``)."""
     fingerprint = code_codec.code_fingerprint(code)
     edited, older = [], []
+    prefix = key[:FUNCTION_PREFIX]
     for other in store.keys():
-        if other == key:
+        if other == key or not other.startswith(prefix):
             continue
         try:
             manifest = store.read_manifest(other) or {}

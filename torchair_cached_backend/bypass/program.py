@@ -103,11 +103,26 @@ def _config_snapshot(config: Any) -> Any:
     return normalized_config_snapshot(config)
 
 
+#: a program key's first hex digits name its function (module, qualname, receiver type) and inner
+#: compiler alone: a miss finds the entries of an edited version of the function by their names, without
+#: reading every other program's manifest (a warm start's misses were O(entries): 0.37 s each at 2000)
+FUNCTION_PREFIX = 16
+
+
+def function_prefix(identity: dict[str, Any], compiler: str) -> str:
+    """The first :data:`FUNCTION_PREFIX` hex digits of every program key of this function and compiler."""
+    return keys.digest({
+        "format": [keys.FORMAT_VERSION, PROGRAM_FORMAT],
+        "function": [identity["module"], identity["qualname"], identity.get("receiver_type")],
+        "compiler": compiler,
+    })[:FUNCTION_PREFIX]
+
+
 def program_key(identity: dict[str, Any], root_fingerprint: str, compiler: str, options: Any) -> str:
     """Depends on the function, its own code, the receiver type, the inner compiler,
     its options and the versions; edits to *inlined* helpers are caught by the
-    stored fingerprints and guards instead."""
-    return keys.digest(
+    stored fingerprints and guards instead. Its first digits are :func:`function_prefix`."""
+    return function_prefix(identity, compiler) + keys.digest(
         {
             "format": [keys.FORMAT_VERSION, PROGRAM_FORMAT],
             "function": [identity["module"], identity["qualname"], identity.get("receiver_type")],
@@ -116,7 +131,7 @@ def program_key(identity: dict[str, Any], root_fingerprint: str, compiler: str, 
             "options": options_factors(options),
             "environment": environment_factors(),
         }
-    )
+    )[FUNCTION_PREFIX:]
 
 
 def program_store(cache_dir: str) -> Store:
