@@ -45,8 +45,7 @@ LIB = textwrap.dedent(
             return cls
         return deco
 
-    @uses(ACT)
-    class Layer(torch.nn.Module):
+    class _Linear(torch.nn.Module):
         def __init__(self):
             super().__init__()
             torch.manual_seed(0)
@@ -54,16 +53,14 @@ LIB = textwrap.dedent(
 
         def forward(self, x):
             return self.lin(x)
+
+    @uses(ACT)
+    class Layer(_Linear):
+        pass
 
     @uses(_as_module(3.0))  # an instance no module binds: its identity cannot be checked elsewhere
-    class Unbound(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            torch.manual_seed(0)
-            self.lin = torch.nn.Linear(8, 8)
-
-        def forward(self, x):
-            return self.lin(x)
+    class Unbound(_Linear):
+        pass
 
     if os.environ.get("REBIND") == "1":  # the name now holds another instance than the closure's
         ACT = _as_module(2.0)
