@@ -389,3 +389,33 @@ emit({"ok": close(got, model(X4)), "checked": len(checked), "frames": frames()})
 ''', env={"ROOT": str(tmp_path)})
     assert out["ok"] and out["frames"] == 1, out
     assert out["checked"] == 1, out  # Dynamo's wrapper ran on the graph
+
+
+def test_the_first_instruction_is_dynamos_without_dis():
+    # the frame callback asks, for every frame it sees, whether the frame already started; Dynamo's
+    # own answer (first_real_inst_idx) walks the whole function with dis: the same index, read cheaply
+    import types
+
+    import torch
+    import transformers.models.llama.modeling_llama as llama
+    from torch._dynamo.convert_frame import first_real_inst_idx
+
+    from torchair_cached_backend.bypass.frame_install import first_instruction
+
+    def codes(module):
+        for value in vars(module).values():
+            for fn in ([value] if isinstance(value, types.FunctionType) else
+                       [v for v in vars(value).values() if isinstance(v, types.FunctionType)]
+                       if isinstance(value, type) else []):
+                yield fn.__code__
+
+    def gen(x):  # generator and closure code: MAKE_CELL / RETURN_GENERATOR before RESUME
+        def inner():
+            return x
+        yield inner
+
+    seen = [*codes(llama), *codes(torch.nn.modules.module), gen.__code__, gen(1).gi_code]
+    assert len(seen) > 100, len(seen)
+    for code in seen:
+        assert first_instruction(code) == first_real_inst_idx(code), code.co_qualname
+    assert first_instruction(gen.__code__) > 0
