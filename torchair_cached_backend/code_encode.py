@@ -103,8 +103,10 @@ def encode_global(obj: object) -> Desc:
                                 "__main__"]))
     for module in order:
         mod = sys.modules.get(module)
-        space = getattr(mod, "__dict__", None) if mod is not None else None
-        if type(space) is not dict or getattr(mod, "__name__", None) != module:
+        if not isinstance(mod, types.ModuleType):  # a lazy proxy some libraries put there: never touched
+            continue
+        space = vars(mod)
+        if space.get("__name__") != module:  # an alias (os.path), a module under another name
             continue
         for attr, val in list(space.items()):
             if val is obj and type(attr) is str and attr.isidentifier():
