@@ -277,6 +277,12 @@ def _dec_float(desc: Desc, key: str = "hex") -> float:
         raise CodecError(f"malformed float in {desc.get('kind')!r} descriptor", fix=_FIX_STALE) from exc
 
 
+def _type_name(obj: object) -> str:
+    """``module.qualname`` of ``obj``'s type: how a ``global`` descriptor names what it found."""
+    t = type(obj)
+    return f"{t.__module__}.{t.__qualname__}"
+
+
 def _dec_global(desc: Desc) -> object:
     """An object a module binds at its top level (``encode_global``: transformers' modeling
     modules bind such instances with ``kernels`` installed), of the type it had when captured."""
@@ -286,8 +292,7 @@ def _dec_global(desc: Desc) -> object:
     if obj is _MISSING:
         raise CodecError(f"module {module.__name__!r} has no top-level name {name!r}",
                          fix=f"the code changed since it was cached; {_FIX_STALE}")
-    t = type(obj)
-    _expect(f"{t.__module__}.{t.__qualname__}" == _get(desc, "type", str), obj, f"a {desc['type']}")
+    _expect(_type_name(obj) == _get(desc, "type", str), obj, f"a {desc['type']}")
     return obj
 
 

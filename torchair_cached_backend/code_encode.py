@@ -37,6 +37,7 @@ from .code_codec import (
     _python_tag,
     _refuse,
     _resolve,
+    _type_name,
     decode_value,
 )
 
@@ -81,11 +82,6 @@ def _locate(obj: object) -> tuple[str, str]:
         f"expose it under a module-level name, or {_FIX_OFF}",
     )
 
-
-
-def _type_name(obj: object) -> str:
-    t = type(obj)
-    return f"{t.__module__}.{t.__qualname__}"
 
 
 def encode_global(obj: object) -> Desc:

@@ -109,13 +109,18 @@ def _config_snapshot(config: Any) -> Any:
 FUNCTION_PREFIX = 16
 
 
-def function_prefix(identity: dict[str, Any], compiler: str) -> str:
-    """The first :data:`FUNCTION_PREFIX` hex digits of every program key of this function and compiler."""
-    return keys.digest({
+def _function_factors(identity: dict[str, Any], compiler: str) -> dict[str, Any]:
+    """What names a program's function and inner compiler (the prefix's and the key's own factors)."""
+    return {
         "format": [keys.FORMAT_VERSION, PROGRAM_FORMAT],
         "function": [identity["module"], identity["qualname"], identity.get("receiver_type")],
         "compiler": compiler,
-    })[:FUNCTION_PREFIX]
+    }
+
+
+def function_prefix(identity: dict[str, Any], compiler: str) -> str:
+    """The first :data:`FUNCTION_PREFIX` hex digits of every program key of this function and compiler."""
+    return keys.digest(_function_factors(identity, compiler))[:FUNCTION_PREFIX]
 
 
 def program_key(identity: dict[str, Any], root_fingerprint: str, compiler: str, options: Any) -> str:
@@ -124,10 +129,8 @@ def program_key(identity: dict[str, Any], root_fingerprint: str, compiler: str, 
     stored fingerprints and guards instead. Its first digits are :func:`function_prefix`."""
     return function_prefix(identity, compiler) + keys.digest(
         {
-            "format": [keys.FORMAT_VERSION, PROGRAM_FORMAT],
-            "function": [identity["module"], identity["qualname"], identity.get("receiver_type")],
+            **_function_factors(identity, compiler),
             "code": root_fingerprint,
-            "compiler": compiler,
             "options": options_factors(options),
             "environment": environment_factors(),
         }

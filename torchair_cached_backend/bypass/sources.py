@@ -49,12 +49,11 @@ def library_version(package: str) -> str | None:
     version = getattr(module, "__version__", None)
     if isinstance(version, str):
         return version
-    file = getattr(module, "__file__", None)
-    if package in sys.stdlib_module_names and (file is None or os.path.abspath(file).startswith(_STDLIB)):
+    file = getattr(module, "__file__", None) or ""
+    if package in sys.stdlib_module_names and (not file or os.path.abspath(file).startswith(_STDLIB)):
         return _PYTHON  # the interpreter's own (inspect, functools: BERT's forward traces inspect)
     from .sources_capture import _library_roots, is_library_file  # a package without __version__: rare
 
-    file = getattr(module, "__file__", None) or ""
     if is_library_file(file) and os.path.abspath(file).startswith(tuple(
         r for r in _library_roots() if "site-packages" in r or "dist-packages" in r
     )):
