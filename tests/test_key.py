@@ -329,3 +329,30 @@ def test_frozen_module_tensors_are_listed_for_the_loader():
     assert set(factors["module_tensors"]) == {"weight", "bias"}
     assert factors["module_tensors"]["weight"] == keys.tensor_digest(old_weight)
     assert key != key2
+
+
+def test_a_directory_named_like_torchair_on_sys_path_is_no_install(tmp_path, monkeypatch):
+    # a bare ``torchair/`` directory on sys.path (a checkout's tests/torchair, a working directory) is a
+    # namespace package, not torchair: no metadata scan (~1 ms of every warm start), and no version
+    import importlib
+    import sys
+
+    from torchair_cached_backend import environment
+
+    (tmp_path / "torchair").mkdir()
+    monkeypatch.syspath_prepend(str(tmp_path))
+    importlib.invalidate_caches()
+    scans = []
+    monkeypatch.setattr(environment, "_dist_version", lambda name: scans.append(name))
+    monkeypatch.delitem(sys.modules, "torchair", raising=False)
+    assert not environment._installed("torchair")
+    environment.torchair_version.cache_clear()
+    environment.torch_npu_version.cache_clear()
+    try:
+        assert environment.torchair_version() is None and scans == []
+        (tmp_path / "torchair" / "__init__.py").write_text("")  # a real package is one
+        importlib.invalidate_caches()
+        assert environment._installed("torchair")
+    finally:
+        environment.torchair_version.cache_clear()
+        environment.torch_npu_version.cache_clear()

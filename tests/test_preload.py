@@ -294,8 +294,8 @@ def test_with_dynamo_the_thread_imports_the_backend_route_too(dynamo):
     assert set(out["ours"]) == want, sorted(set(out["ours"]) ^ want)
     assert {out["who"][m] for m in preload.ROUTE} == {preload.THREAD_NAME}, out["who"]
     assert not {"torchair_cached_backend.bypass.capture", "torchair_cached_backend.backend"} & set(out["ours"])
-    if dynamo == "before the package":  # nothing of torch's is imported for the route
-        assert not [m for m in out["others"] if m.startswith("torch")], out["others"]
+    if dynamo == "before the package":  # of torch's, only what torch.compile() itself imports on first use
+        assert [m for m in out["others"] if m.startswith("torch")] == [preload.BISECTOR], out["others"]
 
 
 def test_without_dynamo_or_with_preload_off_the_route_is_not_imported():
@@ -335,3 +335,98 @@ def test_the_route_set_is_what_a_warm_backend_route_imports(tmp_path):
     warm = run_python(script, env={"TCB_PRELOAD": "0"})
     assert warm["frames"] == 0, warm
     assert set(warm["added"]) - WARM_PATH_MODULES == set(preload.ROUTE), warm["added"]
+
+
+#: the trace rules' memos, as ``functools.cache`` reports them
+MEMOS = """
+def memos():
+    from torch._dynamo import trace_rules
+    return {n: getattr(trace_rules, n).cache_info().currsize for n in preload.TRACE_RULE_MEMOS}
+"""
+
+
+@pytest.mark.parametrize("preloading", ["on", "TCB_PRELOAD=0"])
+def test_with_dynamo_the_thread_does_torch_compiles_first_use(preloading):
+    # torch.compile()'s own first use in a process (the bisector's import, Dynamo's skip and inline file
+    # sets: ~3.5 ms of a warm backend route) is done by the thread, so the call then imports nothing
+    out = run_python(OURS + textwrap.dedent("""
+        import torch, torch._dynamo
+        import torchair_cached_backend as tcb
+        from torchair_cached_backend import preload
+        preload.wait(60)
+        """) + MEMOS + textwrap.dedent("""
+        filled, bisector = memos(), preload.BISECTOR in sys.modules
+        before = set(sys.modules)
+        torch.compile(torch.nn.Linear(2, 2), backend="npu_cached")
+        emit({"filled": filled, "bisector": bisector, "imported": sorted(set(sys.modules) - before)})
+        """), env={"TCB_PRELOAD": "0"} if preloading != "on" else {})
+    if preloading == "on":
+        assert out["bisector"] and set(out["filled"].values()) == {1}, out
+        assert not [m for m in out["imported"] if m.startswith("torch")], out["imported"]
+    else:  # the call pays it itself
+        assert not out["bisector"] and set(out["filled"].values()) == {0}, out
+        assert preload.BISECTOR in out["imported"], out["imported"]
+
+
+def test_a_bisect_variable_set_after_the_preload_is_warned_about():
+    # the bisector reads TORCH_BISECT_* once, at its import (the thread's): one set later is named
+    out = run_python(textwrap.dedent("""
+        import os, warnings
+        import torch, torch._dynamo
+        import torchair_cached_backend as tcb
+        from torchair_cached_backend import preload
+        preload.wait(60)
+        os.environ["TORCH_BISECT_BACKEND"] = "eager"
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.compile(torch.nn.Linear(2, 2), backend="npu_cached")
+            torch.compile(torch.nn.Linear(2, 2), backend="npu_cached")  # once per process
+        emit({"warned": [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]})
+        """))
+    assert len(out["warned"]) == 1 and "TORCH_BISECT_BACKEND" in out["warned"][0], out
+    assert "TCB_PRELOAD=0" in out["warned"][0]
+    # set before the process starts (as torch's bisector sets it for the processes it runs): honoured, no warning
+    before = run_python(textwrap.dedent("""
+        import warnings
+        import torch, torch._dynamo
+        import torchair_cached_backend as tcb
+        from torchair_cached_backend import preload
+        preload.wait(60)
+        from torch._inductor.compiler_bisector import CompilerBisector
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.compile(torch.nn.Linear(2, 2), backend="npu_cached")
+        emit({"backend": CompilerBisector.get_backend(),
+              "warned": [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]})
+        """), env={"TORCH_BISECT_BACKEND": "eager"})
+    assert before["backend"] == "eager" and before["warned"] == [], before
+
+
+def test_a_trace_rule_list_edited_while_its_memo_fills_leaves_no_stale_memo(monkeypatch):
+    # DDP's python reducer adds a module to LEGACY_MOD_INLINELIST, then clears the memo: an edit that
+    # lands while the thread computes the memo must not leave the older set cached
+    import functools
+    import sys
+    import types
+
+    rules = types.ModuleType("fake_trace_rules")
+    rules.MOD_SKIPLIST, rules.MOD_INLINELIST, rules.LEGACY_MOD_INLINELIST = {"a"}, {"b"}, {"c"}
+
+    def memo(source: str, edit: bool) -> object:
+        @functools.cache
+        def compute() -> frozenset:
+            value = frozenset(getattr(rules, source))
+            if edit:  # the caller's thread edits the list meanwhile (and clears the memo before we store)
+                getattr(rules, source).add("torch.nn.parallel.distributed")
+            return value
+        return compute
+
+    rules.get_mod_skiplist = memo("MOD_SKIPLIST", False)
+    rules.get_mod_inlinelist = memo("MOD_INLINELIST", False)
+    rules.get_legacy_mod_inlinelist = memo("LEGACY_MOD_INLINELIST", True)
+    rules.get_tensor_method = functools.cache(lambda: frozenset({"add"}))
+    monkeypatch.setitem(sys.modules, preload.TRACE_RULES, rules)
+    preload._fill_trace_rule_memos()
+    assert rules.get_legacy_mod_inlinelist.cache_info().currsize == 0  # cleared: the next call sees the edit
+    assert rules.get_legacy_mod_inlinelist() >= {"c", "torch.nn.parallel.distributed"}
+    assert rules.get_mod_skiplist.cache_info().currsize == 1 and rules.get_tensor_method.cache_info().currsize == 1

@@ -23,13 +23,16 @@ def _dist_version(name: str) -> str | None:
 
 
 def _installed(module: str) -> bool:
-    """Cheap presence test (a path-finder lookup); metadata scans cost milliseconds."""
+    """Cheap presence test (a path-finder lookup); metadata scans cost milliseconds. A bare
+    directory of that name on ``sys.path`` (a namespace package: a checkout's ``tests/torchair``,
+    a working directory) is no install: torch_npu and torchair are regular packages."""
     import importlib.util
 
     try:
-        return importlib.util.find_spec(module) is not None
+        spec = importlib.util.find_spec(module)
     except (ImportError, ValueError):
         return False
+    return spec is not None and spec.origin is not None
 
 
 @functools.cache

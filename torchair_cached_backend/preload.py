@@ -7,7 +7,9 @@ they are usually in ``sys.modules`` by the time the model is built and :func:`lo
 (:data:`DROP_IN`: ``cache_compile``'s two modules too).
 Once Dynamo is imported too (a transformers model's build imports it), the same thread
 imports what the backend route adds (:data:`ROUTE`: ``torch.compile(model,
-backend="npu_cached")`` replaying from Dynamo's frame callback), ~1.5-2 ms more.
+backend="npu_cached")`` replaying from Dynamo's frame callback), ~1.5-2 ms more, then the part of
+``torch.compile()``'s own first use that is torch's per-process memo (:data:`TORCH_FIRST_USE`,
+~3.5 ms: the compiler bisector's import, Dynamo's skip and inline file sets).
 
 Why this is safe:
 
@@ -58,6 +60,20 @@ ROUTE = tuple("torchair_cached_backend." + m for m in (
 #: the route's modules import Dynamo: the thread first waits for Dynamo's own import (its module
 #: lock) to finish, and never imports Dynamo itself
 DYNAMO = "torch._dynamo"
+#: what every ``torch.compile()`` call pays on first use in a process, done by the thread after
+#: :data:`ROUTE`: it only fills per-process memos torch fills at that call anyway. The bisector's module
+#: (~2.3 ms, its dataclasses) reads ``TORCH_BISECT_*`` once, at its import: set them before the
+#: process starts (as its CLI does for the processes it runs); one set later is warned about
+#: (:func:`check_bisect_environment`). Dynamo's file sets (~1.3 ms) are pure functions of torch's
+#: module lists, and torch clears a memo itself when it edits a list (DDP's python reducer does).
+BISECTOR = "torch._inductor.compiler_bisector"
+TRACE_RULES = "torch._dynamo.trace_rules"
+#: memo -> the module list it is computed from (None: from torch itself)
+TRACE_RULE_MEMOS = {"get_mod_skiplist": "MOD_SKIPLIST", "get_mod_inlinelist": "MOD_INLINELIST",
+                    "get_legacy_mod_inlinelist": "LEGACY_MOD_INLINELIST", "get_tensor_method": None}
+#: the queue's marker for filling :data:`TRACE_RULE_MEMOS`
+_MEMOS = "<trace rule memos>"
+TORCH_FIRST_USE = (BISECTOR, _MEMOS)
 
 _lock = threading.Lock()
 _queue: list[str] = []
@@ -105,7 +121,7 @@ def _route_names() -> list[str]:
         if _route_queued:
             return []
         _route_queued = True
-    return [DYNAMO, *ROUTE]
+    return [DYNAMO, *ROUTE, *TORCH_FIRST_USE]
 
 
 def _submit(names: list[str]) -> bool:
@@ -141,9 +157,53 @@ def _drain() -> None:
         if name in sys.modules and name != DYNAMO:
             continue
         try:
-            importlib.import_module(name)  # for DYNAMO: waits until the caller's import of it is done
+            if name == _MEMOS:
+                _fill_trace_rule_memos()
+            else:
+                importlib.import_module(name)  # for DYNAMO: waits until the caller's import of it is done
         except BaseException:  # noqa: BLE001  (the caller's own import of it raises it, where it is seen)
             _stop()
+            return
+
+
+def _fill_trace_rule_memos() -> None:
+    """Fill the memos; one whose list the caller's thread edited meanwhile (DDP's python reducer
+    adds a module, then clears the memo) is cleared again, so no memo outlives an edit."""
+    rules = sys.modules.get(TRACE_RULES)
+    for name, source in TRACE_RULE_MEMOS.items():
+        memo = getattr(rules, name, None)
+        if not callable(memo):  # another torch may have renamed one: then it is simply not filled
+            continue
+        before = frozenset(getattr(rules, source, ())) if source else None
+        memo()
+        if source and frozenset(getattr(rules, source, ())) != before:
+            getattr(memo, "cache_clear", lambda: None)()
+
+
+#: the bisector's variables (torch reads each through a per-process memo)
+BISECT_VARIABLES = ("TORCH_BISECT_BACKEND", "TORCH_BISECT_SUBSYSTEM")
+_bisect_warned = False
+
+
+def check_bisect_environment() -> None:
+    """Warn once when a ``TORCH_BISECT_*`` variable was set after the bisector read the environment
+    (the thread imported it, ahead of ``torch.compile()``): torch would not bisect that process."""
+    global _bisect_warned
+    if _bisect_warned:
+        return
+    bisector = sys.modules.get(BISECTOR)
+    read = getattr(bisector, "get_env_val", None)
+    if read is None:
+        return
+    for var in BISECT_VARIABLES:
+        if os.environ.get(var) and not read(var):
+            _bisect_warned = True
+            import warnings
+
+            warnings.warn(
+                f"{var} was set after torchair_cached_backend imported torch's compiler bisector in the "
+                f"background, so torch.compile does not bisect this process: set it before the process "
+                f"starts, or set TCB_PRELOAD=0", RuntimeWarning, stacklevel=3)
             return
 
 

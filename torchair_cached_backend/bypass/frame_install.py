@@ -51,6 +51,7 @@ from torch._dynamo.utils import orig_code_map
 from torch._guards import CompileId
 
 from ..logs import log
+from ..preload import check_bisect_environment
 from ..stats import record_fallback
 from .capture_hook import backend_chain, backend_options
 from .code_names import global_names, renamed
@@ -81,6 +82,7 @@ def install_route() -> None:
         options = _route_options(callback)
         if options is None:
             return _original_wrapper(callback, hooks)  # type: ignore[misc]
+        check_bisect_environment()
         return ReplayingCallback(callback, hooks, options)
 
     convert_frame.catch_errors_wrapper = catch_errors_wrapper
