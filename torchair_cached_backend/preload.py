@@ -16,9 +16,11 @@ Why this is safe:
 * it starts only when ``torch`` is fully imported, and then the warm path imports nothing
   outside this package (no Dynamo, no Inductor, no compile side: ``tests/test_preload.py``);
   the route's modules wait for Dynamo's own import to finish and import nothing else outside
-  the package either;
-* those modules only define things: importing them on another thread changes what the
-  caller's thread sees in timing only;
+  the package either; of torch's, only :data:`TORCH_FIRST_USE`, which the caller's first
+  ``torch.compile()`` would do the same way;
+* those modules only define things, and those memos are what torch computes anyway:
+  doing either on another thread changes what the caller's thread sees in timing only
+  (save the bisector's one reading of ``TORCH_BISECT_*``, see :data:`BISECTOR`);
 * importlib serializes concurrent imports of one module with per-module locks, and these
   modules import one another without cycles (tested), so two threads never wait on each
   other's locks;
