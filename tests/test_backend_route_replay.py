@@ -147,6 +147,55 @@ emit(res)
     assert out["stats"]["misses"] == 0 and out["stats"]["fallbacks"] == 0, out
 
 
+def test_torch_frames_are_skipped_as_dynamo_skips_them_without_its_line_table_walk(plain_cache) -> None:
+    """Around every module call run torch's own frames (``Module._wrapped_call_impl``, ``_call_impl``,
+    Dynamo's ``DisableContext`` wrapper): the callback gives Dynamo's answer for them (skipped, the
+    code marked to be skipped from then on, the same reason recorded) without Dynamo's
+    ``first_real_inst_idx``, which walks each whole function's line table with ``dis``."""
+    out = run_python(PRELUDE + r'''
+from torch._dynamo import convert_frame
+walks = []
+real = convert_frame.first_real_inst_idx
+convert_frame.first_real_inst_idx = lambda code: walks.append(code.co_qualname) or real(code)
+with torch.no_grad():
+    model = build(Net)
+    want = model(X4)
+    fn = compiled(model, os.path.join(os.environ["ROOT"], "net"))
+    got, again = fn(X4), fn(X4)
+emit({"ok": close(got, want) and close(again, want), "frames": frames(), "installs": installs(), "walks": walks})
+''', env={"ROOT": plain_cache})
+    assert out["ok"] and out["frames"] == 0 and out["installs"] == 1, out
+    assert out["walks"] == [], out  # before: Module._wrapped_call_impl, Module._call_impl, ...
+
+
+def test_a_torch_frame_gets_dynamos_own_skip(plain_cache) -> None:
+    """For every torch frame of a warm call the callback answers without Dynamo, Dynamo's own
+    callback gives the same answer, field by field (strategy, applied to the code, reason)."""
+    out = run_python(PRELUDE + r'''
+from torch._dynamo import convert_frame
+from torchair_cached_backend.bypass import frame_install
+pairs = []
+real = frame_install.ReplayingCallback._tcb_torch_skip
+def both(self, frame):
+    ours = real(self, frame)
+    if ours is not None:
+        theirs = convert_frame.CatchErrorsWrapper.__call__(self, frame, None, {})
+        pairs.append([[str(r.frame_exec_strategy.cur_action), str(r.frame_exec_strategy.recursive_action), r.apply_to_code, r.skip_reason, r.guarded_code is None]
+                      for r in (ours, theirs)] + [frame.f_code.co_qualname])
+    return ours
+frame_install.ReplayingCallback._tcb_torch_skip = both
+with torch.no_grad():
+    model = build(Net)
+    got = compiled(model, os.path.join(os.environ["ROOT"], "net"))(X4)
+emit({"ok": close(got, model(X4)), "frames": frames(), "pairs": pairs})
+''', env={"ROOT": plain_cache})
+    assert out["ok"] and out["frames"] == 0, out
+    names = {name for _, _, name in out["pairs"]}
+    assert {"Module._wrapped_call_impl", "Module._call_impl"} <= names, names
+    for ours, theirs, name in out["pairs"]:
+        assert ours == theirs, (name, ours, theirs)
+
+
 def test_shared_wrapper_code_is_guarded_by_its_cells(plain_cache) -> None:
     """The entry installed for the decorated forward is on the wrapper's code object, which the
     decorated ``other`` shares: its guard must reject a frame of ``other`` (same receiver, same

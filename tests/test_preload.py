@@ -26,8 +26,9 @@ def ours():
 """
 
 
-#: what the thread imports without Dynamo: the warm path, then cache_compile's modules
-PRELOADED = WARM_PATH_MODULES | set(preload.DROP_IN)
+#: what the thread imports without Dynamo: the warm path, then cache_compile's modules, then the
+#: operators' first use (``op_warmup``)
+PRELOADED = WARM_PATH_MODULES | set(preload.DROP_IN) | {preload.OP_WARMUP}
 
 
 def test_the_background_import_is_the_warm_path_a_load_imports():
@@ -368,6 +369,45 @@ def test_with_dynamo_the_thread_does_torch_compiles_first_use(preloading):
         assert preload.BISECTOR in out["imported"], out["imported"]
 
 
+@pytest.mark.parametrize("preloading", ["on", "TCB_PRELOAD=0"])
+def test_the_thread_reads_the_versions_every_key_holds(preloading):
+    # torch_npu / torchair / CANN versions (path-finder lookups, ~0.25 ms of a warm load) are read by
+    # the thread after the warm path's imports; with the preload off the first key pays them
+    out = run_python(textwrap.dedent("""
+        import torch
+        import torchair_cached_backend as tcb
+        from torchair_cached_backend import preload
+        preload.wait(60)
+        from torchair_cached_backend import environment
+        memos = (environment.torch_npu_version, environment.torchair_version, environment.cann_version)
+        emit({"filled": [m.cache_info().currsize for m in memos]})
+        """), env={"TCB_PRELOAD": "0"} if preloading != "on" else {})
+    assert out["filled"] == ([1, 1, 1] if preloading == "on" else [0, 0, 0]), out
+
+
+def test_a_version_lookup_that_fails_in_the_thread_is_left_to_the_caller():
+    # a failing lookup neither stops the thread's queue (cache_compile's modules still import) nor
+    # leaves a memo: the caller's own first use raises it, where it is seen
+    out = run_python(textwrap.dedent("""
+        import os, sys, torch
+        from torchair_cached_backend import preload, environment  # TCB_PRELOAD=0: no thread yet
+        def boom():
+            raise RuntimeError("no metadata")
+        environment.cann_version = boom
+        os.environ["TCB_PRELOAD"] = "1"
+        preload._thread, preload._started = None, False
+        preload.start()
+        preload.wait(60)
+        try:
+            environment.environment_factors()
+            raised = None
+        except RuntimeError as exc:
+            raised = str(exc)
+        emit({"raised": raised, "drop_in": all(m in sys.modules for m in preload.DROP_IN)})
+        """), env={"TCB_PRELOAD": "0"})
+    assert out == {"raised": "no metadata", "drop_in": True, **{k: v for k, v in out.items() if k.startswith("_")}}, out
+
+
 def test_a_bisect_variable_set_after_the_preload_is_warned_about():
     # the bisector reads TORCH_BISECT_* once, at its import (the thread's): one set later is named
     out = run_python(textwrap.dedent("""
@@ -430,3 +470,107 @@ def test_a_trace_rule_list_edited_while_its_memo_fills_leaves_no_stale_memo(monk
     assert rules.get_legacy_mod_inlinelist.cache_info().currsize == 0  # cleared: the next call sees the edit
     assert rules.get_legacy_mod_inlinelist() >= {"c", "torch.nn.parallel.distributed"}
     assert rules.get_mod_skiplist.cache_info().currsize == 1 and rules.get_tensor_method.cache_info().currsize == 1
+
+
+@pytest.mark.parametrize("preloading", ["on", "TCB_PRELOAD=0"])
+def test_the_thread_does_torchs_first_use_of_the_common_operators_and_changes_no_state(preloading):
+    # op_warmup: every listed operator runs once on the thread (a torch where one fails would show
+    # here), and the caller's process state is what it was: RNG, default dtype, grad mode,
+    # determinism, thread count of torch's pool, and no OS thread left behind (no pool started)
+    out = run_python(textwrap.dedent("""
+        import os, sys, time, torch
+        def state():
+            return {"rng": torch.get_rng_state().tolist()[:64], "dtype": str(torch.get_default_dtype()),
+                    "grad": torch.is_grad_enabled(), "det": torch.are_deterministic_algorithms_enabled(),
+                    "threads": torch.get_num_threads()}
+        tasks = lambda: len(os.listdir("/proc/self/task"))
+        before, os_threads = state(), tasks()
+        import torchair_cached_backend as tcb
+        from torchair_cached_backend import preload
+        done = preload.wait(60)
+        for _ in range(100):  # the thread signals it is done just before it exits
+            if tasks() == os_threads:
+                break
+            time.sleep(0.01)
+        op_warmup = sys.modules.get(preload.OP_WARMUP)
+        emit({"done": done, "same": state() == before, "os_threads": [os_threads, tasks()],
+              "warmed": op_warmup.warmed if op_warmup else None,
+              "listed": len(op_warmup.calls()) if op_warmup else None})
+        """), env={"TCB_PRELOAD": "0"} if preloading != "on" else {})
+    assert out["done"] and out["same"], out
+    assert out["os_threads"][0] == out["os_threads"][1], out
+    if preloading == "on":
+        assert out["warmed"] == out["listed"] and out["listed"] >= 30, out
+    else:
+        assert out["warmed"] is None, out
+
+
+def test_a_load_stops_the_operators_first_use(tmp_path):
+    # a load that begins (a hit or, here, a miss) stops the thread's optional work: a load right
+    # after the import must not wait for the thread to hand back the interpreter
+    out = run_python(TINY + textwrap.dedent(f"""
+        import threading
+        from torchair_cached_backend import op_warmup, preload
+        op_warmup.warm(threading.Event())
+        alone = op_warmup.warmed
+        try:
+            tcb.load(Tiny().eval(), {str(tmp_path)!r}, compiler="eager", fallback=False)
+        except tcb.CacheMiss:
+            pass
+        op_warmup.warmed = 0
+        op_warmup.warm(preload._optional_stop)
+        emit({{"alone": alone, "listed": len(op_warmup.calls()), "after_a_load": op_warmup.warmed}})
+        """), env={"TCB_PRELOAD": "0"})
+    assert out["alone"] == out["listed"] and out["after_a_load"] == 0, out
+
+
+def test_the_operators_first_use_starts_no_thread_pool():
+    # tensors this small never enter a parallel region: no OpenMP team is started for the thread
+    # (its workers would spin on the caller's cores). Each call runs on a thread of its own (a team
+    # belongs to the thread that starts it), and the OS threads are counted while it is alive
+    out = run_python(textwrap.dedent("""
+        import os, threading, time, torch
+        from torchair_cached_backend import op_warmup
+        tasks = lambda: len(os.listdir("/proc/self/task"))
+        parallel = []
+        for index, call in enumerate(op_warmup.calls()):
+            def run():
+                before = tasks()
+                with torch.no_grad():
+                    call()
+                if tasks() > before:
+                    parallel.append(index)
+            worker = threading.Thread(target=run)
+            worker.start()
+            worker.join()
+            time.sleep(0.02)  # the team of an earlier call, if any, is gone before the next count
+        emit({"parallel": parallel, "torch_threads": torch.get_num_threads()})
+        """), env={"TCB_PRELOAD": "0", "OMP_NUM_THREADS": "4"})
+    assert out["torch_threads"] > 1, out  # else no call could start a team, and the test proves nothing
+    assert out["parallel"] == [], out
+
+
+def test_an_exit_while_the_thread_runs_an_operator_does_not_abort():
+    # a short script (a CLI, a test's helper process) can end while the thread is still calling
+    # operators; torch's C++ state torn down under a running operator aborts the process
+    # ("terminate called without an active exception"): the exit waits for the operator in flight
+    import subprocess
+    import sys
+
+    script = textwrap.dedent("""
+        import os, time, torch
+        from torchair_cached_backend import op_warmup, preload
+        many = [lambda: torch.ones(64, 64) @ torch.ones(64, 64)] * 20000  # a warm-up that outlives the script
+        op_warmup.calls = lambda: many
+        os.environ["TCB_PRELOAD"] = "1"
+        preload._thread, preload._started = None, False
+        preload.start()
+        while op_warmup.warmed < 100:
+            time.sleep(0.001)
+        print("exiting with", op_warmup.warmed, flush=True)
+        """)
+    for _ in range(3):
+        proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                              env={**os.environ, "TCB_PRELOAD": "0", "OMP_NUM_THREADS": "1"})
+        assert proc.returncode == 0 and "terminate called" not in proc.stderr, (proc.returncode, proc.stderr[-2000:])
+        assert "exiting with" in proc.stdout

@@ -9,7 +9,10 @@ Once Dynamo is imported too (a transformers model's build imports it), the same 
 imports what the backend route adds (:data:`ROUTE`: ``torch.compile(model,
 backend="npu_cached")`` replaying from Dynamo's frame callback), ~1.5-2 ms more, then the part of
 ``torch.compile()``'s own first use that is torch's per-process memo (:data:`TORCH_FIRST_USE`,
-~3.5 ms: the compiler bisector's import, Dynamo's skip and inline file sets).
+~3.5 ms: the compiler bisector's import, Dynamo's skip and inline file sets). After the warm
+path it also reads the versions every cache key holds (:data:`VERSIONS`, our own memos), and
+last it calls the operators transformer graphs call once on tiny tensors (:data:`OPS`,
+``op_warmup``): torch's own first use of each, ~0.8 ms of a tiny Llama's replayed first call.
 
 Why this is safe:
 
@@ -25,22 +28,29 @@ Why this is safe:
   modules import one another without cycles (tested), so two threads never wait on each
   other's locks;
 * a ``fork`` waits for the thread first (an import lock held across a fork would stay
-  held in the child), and a failed import is left for the caller's own import to report.
+  held in the child), and a failed import is left for the caller's own import to report;
+* the operators' first use reads and writes no global state and starts no thread pool
+  (``op_warmup``, tested), and it is optional: it stops as soon as the caller begins a
+  load (:func:`caller_loading`), so a load right after the import never waits for it.
 
 ``TCB_PRELOAD=0`` turns it off.
 """
 
 from __future__ import annotations
 
+import atexit
 import importlib
 import os
 import sys
 import threading
+from _thread import start_new_thread
 
 ENV = "TCB_PRELOAD"
 THREAD_NAME = "torchair_cached_backend.preload"
 #: what a fork waits for the thread at most (it takes milliseconds; a fork never hangs on it)
 FORK_WAIT_S = 10.0
+#: what an interpreter exit waits for the operator in flight at most
+EXIT_WAIT_S = 5.0
 
 #: our modules a warm ``load()`` imports (eager inner compiler), those that import the rest last;
 #: ``tests/test_warm_path.py`` holds the list a warm load must import to this one
@@ -76,10 +86,23 @@ TRACE_RULE_MEMOS = {"get_mod_skiplist": "MOD_SKIPLIST", "get_mod_inlinelist": "M
 #: the queue's marker for filling :data:`TRACE_RULE_MEMOS`
 _MEMOS = "<trace rule memos>"
 TORCH_FIRST_USE = (BISECTOR, _MEMOS)
+#: the queue's marker, right after :data:`WARM_PATH`, for the versions every cache key holds
+#: (``environment``'s per-process memos: the torch_npu/torchair/CANN lookups ask the path
+#: finders, ~0.25 ms of a warm load otherwise)
+VERSIONS = "<environment versions>"
+#: the queue's marker, always last, for torch's first use of the operators transformer graphs call
+#: (``op_warmup``: ~0.8 ms of a tiny Llama's replayed first call)
+OPS = "<operator first use>"
+OP_WARMUP = "torchair_cached_backend.op_warmup"
 
 _lock = threading.Lock()
+#: set once the caller's first load from the cache begins, or the interpreter exits: the thread's
+#: optional work (the operators' first use) stops
+_optional_stop = threading.Event()
+#: held while the thread runs operators: an exit waits for it (see :func:`_at_exit`)
+_ops_lock = threading.Lock()
 _queue: list[str] = []
-_thread: threading.Thread | None = None
+_thread: _Worker | None = None
 _draining = False
 _started = False
 _route_queued = False
@@ -104,7 +127,8 @@ def start() -> bool:
         if _started or not enabled() or not _torch_imported():
             return False
         _started = True
-    return _submit(list(WARM_PATH) + list(DROP_IN) + (_route_names() if DYNAMO in sys.modules else []))
+    return _submit(list(WARM_PATH) + [VERSIONS] + list(DROP_IN) + (_route_names() if DYNAMO in sys.modules else [])
+                   + [OPS])
 
 
 def after_dynamo() -> bool:
@@ -136,13 +160,49 @@ def _submit(names: list[str]) -> bool:
         if _draining:
             return True
         _draining = True
-        if not _fork_hook and hasattr(os, "register_at_fork"):
-            os.register_at_fork(before=_before_fork)
+        if not _fork_hook:
+            if hasattr(os, "register_at_fork"):
+                os.register_at_fork(before=_before_fork)
+            atexit.register(_at_exit)
             _fork_hook = True
-        thread = threading.Thread(target=_drain, name=THREAD_NAME, daemon=True)
+        thread = _Worker()
         _thread = thread
     thread.start()
     return True
+
+
+class _Worker:
+    """The background thread as :func:`wait` and the tests see it (``is_alive``, ``join``,
+    ``ident``). Started by ``_thread.start_new_thread``: ``threading.Thread.start`` waits
+    until the new thread reports it runs, two context switches that cost ~0.25 ms of
+    every ``import torchair_cached_backend`` and buy nothing here."""
+
+    def __init__(self) -> None:
+        self._done = threading.Event()
+        self.ident: int | None = None
+        self.name = THREAD_NAME
+        self.daemon = True  # as a raw thread is: the interpreter's exit never waits for it
+
+    def start(self) -> None:
+        try:
+            start_new_thread(self._run, ())
+        except BaseException:
+            self._done.set()
+            raise
+
+    def _run(self) -> None:
+        self.ident = threading.get_ident()
+        try:
+            threading.current_thread().name = THREAD_NAME  # for logs and tests: whose import it was
+            _drain()
+        finally:
+            self._done.set()
+
+    def is_alive(self) -> bool:
+        return not self._done.is_set()
+
+    def join(self, timeout: float | None = None) -> None:
+        self._done.wait(timeout)
 
 
 def _drain() -> None:
@@ -161,11 +221,52 @@ def _drain() -> None:
         try:
             if name == _MEMOS:
                 _fill_trace_rule_memos()
+            elif name == VERSIONS:
+                _read_versions()
+            elif name == OPS:
+                with _lock:
+                    later = bool(_queue)
+                    if later:  # modules queued meanwhile (the route's, once Dynamo is in) go first
+                        _queue.append(OPS)
+                if not later:
+                    _warm_ops()
             else:
                 importlib.import_module(name)  # for DYNAMO: waits until the caller's import of it is done
         except BaseException:  # noqa: BLE001  (the caller's own import of it raises it, where it is seen)
             _stop()
             return
+
+
+def caller_loading() -> None:
+    """The caller began loading from the cache: what the thread does that the load does not wait
+    for (the operators' first use) stops, so it never holds the interpreter while the caller
+    runs (a load right after the import would otherwise wait for it)."""
+    _optional_stop.set()
+
+
+def _warm_ops() -> None:
+    if _optional_stop.is_set():
+        return
+    with _ops_lock:
+        if not _optional_stop.is_set():
+            importlib.import_module(OP_WARMUP).warm(_optional_stop)
+
+
+def _at_exit() -> None:
+    """At interpreter exit, before torch's C++ state is torn down: a thread still inside an
+    operator then would abort the process (``terminate called without an active exception``).
+    The warm-up stops after its current operator, and no later one starts (the lock stays held)."""
+    _optional_stop.set()
+    _ops_lock.acquire(timeout=EXIT_WAIT_S)
+
+
+def _read_versions() -> None:
+    """Fill ``environment``'s version memos; a lookup that fails is left to the caller's first
+    use, where it is reported (the rest of the queue goes on)."""
+    try:
+        sys.modules["torchair_cached_backend.environment"].environment_factors()
+    except Exception:  # noqa: BLE001
+        pass
 
 
 def _fill_trace_rule_memos() -> None:
@@ -219,7 +320,7 @@ def _stop() -> None:
 def wait(timeout: float | None = None) -> bool:
     """Wait for the background import (True: it is done, or never started)."""
     thread = _thread
-    if thread is None or thread is threading.current_thread():
+    if thread is None or thread.ident == threading.get_ident():
         return True
     thread.join(timeout)
     return not thread.is_alive()

@@ -44,7 +44,7 @@ from typing import Any
 
 import torch
 import torch._dynamo
-from torch._dynamo import convert_frame
+from torch._dynamo import convert_frame, trace_rules
 from torch._dynamo.guards import GuardManagerWrapper
 from torch._dynamo.types import ConvertFrameReturn, FrameAction, FrameExecStrategy, GuardedCode, wrap_guarded_code
 from torch._dynamo.utils import orig_code_map
@@ -154,7 +154,11 @@ class ReplayingCallback(convert_frame.CatchErrorsWrapper):
         filename = code.co_filename
         if filename.startswith(_PACKAGE_DIR):  # our own machinery (a replay's dispatch) is never traced
             return _skip(recursive=True)
-        if not filename.startswith(_TORCH_DIR) and frame_state is not None:
+        if filename.startswith(_TORCH_DIR):
+            skipped = self._tcb_torch_skip(frame) if frame_state is not None else None
+            if skipped is not None:
+                return skipped
+        elif frame_state is not None:
             try:
                 result = self._tcb_replay(frame)
             except Exception as exc:  # never fail the user's call: Dynamo's path is always safe
@@ -166,6 +170,24 @@ class ReplayingCallback(convert_frame.CatchErrorsWrapper):
                 convert_frame.input_codes.add(code)  # so torch._dynamo.reset() clears what we install
                 return result
         return super().__call__(frame, cache_entry, frame_state)
+
+    def _tcb_torch_skip(self, frame: Any) -> ConvertFrameReturn | None:
+        """Dynamo's own answer for a torch frame it skips (in a skip-listed file, or already
+        running), without its ``first_real_inst_idx``: that walks the whole line table with
+        ``dis``, ~0.1 ms for each of the large torch functions around every module call
+        (``Module._call_impl``, ``DisableContext``'s wrapper) on a warm start's first call.
+        None: anything else (an inlined torch file), which Dynamo's own path decides."""
+        handle = getattr(self, "_handle_skip", None)
+        if handle is None:
+            return None
+        if _started(frame):
+            reason = "frame has already started executing"
+        elif trace_rules.check(frame.f_code, frame=frame):
+            reason = "frame is in the Dynamo skipfiles list"
+        else:
+            return None
+        convert_frame.input_codes.add(frame.f_code)  # as Dynamo's callback records every frame it sees
+        return handle(ConvertFrameReturn(skip_reason=reason), frame)
 
     def _tcb_replay(self, frame: Any) -> ConvertFrameReturn | None:
         if torch._dynamo.config.disable or _started(frame):
@@ -277,8 +299,14 @@ def _fallback(kind: str) -> None:
 
 
 def _started(frame: Any) -> bool:
-    """Whether the frame already ran past its ``RESUME`` (a resumed generator): Dynamo's own test."""
+    """Whether the frame already ran past its ``RESUME`` (a resumed generator): Dynamo's own test
+    (from 3.13 a fresh frame's ``f_lasti`` is its ``RESUME``'s own index)."""
+    if _LASTI_AT_RESUME:
+        return frame.f_lasti > first_instruction(frame.f_code)
     return frame.f_lasti >= first_instruction(frame.f_code)
+
+
+_LASTI_AT_RESUME = sys.version_info >= (3, 13)
 
 
 _RESUME = dis.opmap.get("RESUME")

@@ -30,7 +30,7 @@ import types
 from collections.abc import Callable
 from typing import Any
 
-from .. import code_codec, graph_load
+from .. import code_codec, graph_load, preload
 from ..compilers import get_compiler
 from ..logs import log, warn_once
 from ..options import BackendOptions, parse_options
@@ -143,6 +143,7 @@ def _cached_program(
 ) -> tuple[str, dict[str, bytes], dict[str, Any], str]:
     """``(key, files, program, name)`` of the program cached for ``func`` bound to
     ``bound_self``, or :class:`CacheMiss` saying why (none stored, another format)."""
+    preload.caller_loading()  # the background thread's optional work gives way
     code = func.__code__
     compiler_name = options.resolved_compiler()
     identity = target_identity(func, bound_self)
