@@ -574,3 +574,20 @@ def test_an_exit_while_the_thread_runs_an_operator_does_not_abort():
                               env={**os.environ, "TCB_PRELOAD": "0", "OMP_NUM_THREADS": "1"})
         assert proc.returncode == 0 and "terminate called" not in proc.stderr, (proc.returncode, proc.stderr[-2000:])
         assert "exiting with" in proc.stdout
+
+
+def test_no_operator_warm_up_where_torch_npu_is_imported(monkeypatch):
+    # an NPU process runs its graphs on the NPU: CPU kernels warmed there would be work for nothing
+    import sys
+    import threading
+    import types
+
+    from torchair_cached_backend import op_warmup
+
+    monkeypatch.setattr(op_warmup, "warmed", 0)
+    monkeypatch.setitem(sys.modules, "torch_npu", types.ModuleType("torch_npu"))
+    op_warmup.warm(threading.Event())
+    assert op_warmup.warmed == 0
+    monkeypatch.delitem(sys.modules, "torch_npu")
+    op_warmup.warm(threading.Event())
+    assert op_warmup.warmed == len(op_warmup.calls())

@@ -15,6 +15,7 @@ build is skipped. Off with ``TCB_PRELOAD=0``, as all of the preload.
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -57,8 +58,11 @@ def calls() -> list[Callable[[], Any]]:
 
 def warm(stop: threading.Event) -> None:
     """Run :func:`calls` once (in ``preload``'s thread) until ``stop`` is set (the caller began a
-    load: it then runs without this thread in its way); a failing call is skipped."""
+    load: it then runs without this thread in its way); a failing call is skipped. Not in a
+    process that imported torch_npu: its graphs run on the NPU, and these are CPU kernels."""
     global warmed
+    if "torch_npu" in sys.modules:
+        return
     with torch.no_grad():
         try:
             todo = calls()
