@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import os
 import textwrap
+import threading
 
 import pytest
 from subprocess_helpers import run_python
@@ -62,12 +63,16 @@ def test_after_torch_the_package_import_preloads_the_warm_path_and_the_drop_in_o
         from torchair_cached_backend import preload
         thread = preload._thread
         done = preload.wait(60)
+        import threading
         emit({"started": thread is not None, "name": thread.name if thread else None, "daemon": thread.daemon,
+              "listed": [t.name for t in threading.enumerate()],
               "done": done, "ours": ours(),
               "others": sorted(m for m in set(sys.modules) - before if not m.startswith("torchair_cached_backend"))})
         """))
     assert out["started"] and out["done"] and out["daemon"], out
     assert out["name"] == preload.THREAD_NAME
+    # the thread is no threading.Thread: none is left listed as alive once it is done (a dummy one would be)
+    assert out["listed"] == [threading.main_thread().name], out
     assert set(out["ours"]) == PRELOADED, sorted(set(out["ours"]) ^ PRELOADED)
     assert not set(NOT_ON_THE_WARM_PATH + COLD_SIDE_MODULES) & set(out["ours"])
     # nothing outside the package: no Dynamo, no Inductor (torch was imported before)
@@ -267,7 +272,7 @@ who = {}
 class _Who:
     def find_spec(self, name, path=None, target=None):
         if name.startswith("torchair_cached_backend") and name not in who:
-            who[name] = threading.current_thread().name
+            who[name] = threading.get_ident()
         return None
 sys.meta_path.insert(0, _Who())
 """
@@ -287,13 +292,13 @@ def test_with_dynamo_the_thread_imports_the_backend_route_too(dynamo):
         from torchair_cached_backend import preload
         {later}
         done = preload.wait(60)
-        emit({{"done": done, "ours": ours(), "who": who,
+        emit({{"done": done, "ours": ours(), "who": who, "thread_ident": preload._thread.ident,
                "others": sorted(m for m in set(sys.modules) - before if not m.startswith("torchair_cached_backend"))}})
         """))
     assert out["done"], out
     want = PRELOADED | set(preload.ROUTE)
     assert set(out["ours"]) == want, sorted(set(out["ours"]) ^ want)
-    assert {out["who"][m] for m in preload.ROUTE} == {preload.THREAD_NAME}, out["who"]
+    assert {out["who"][m] for m in preload.ROUTE} == {out["thread_ident"]}, out["who"]
     assert not {"torchair_cached_backend.bypass.capture", "torchair_cached_backend.backend"} & set(out["ours"])
     if dynamo == "before the package":  # of torch's, only what torch.compile() itself imports on first use
         assert [m for m in out["others"] if m.startswith("torch")] == [preload.BISECTOR], out["others"]

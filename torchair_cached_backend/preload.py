@@ -191,9 +191,8 @@ class _Worker:
             raise
 
     def _run(self) -> None:
-        self.ident = threading.get_ident()
+        self.ident = threading.get_ident()  # no threading.Thread stands for it: :func:`on_thread` asks this
         try:
-            threading.current_thread().name = THREAD_NAME  # for logs and tests: whose import it was
             _drain()
         finally:
             self._done.set()
@@ -235,6 +234,14 @@ def _drain() -> None:
         except BaseException:  # noqa: BLE001  (the caller's own import of it raises it, where it is seen)
             _stop()
             return
+
+
+def on_thread() -> bool:
+    """Whether the caller runs on the background thread. It has no ``threading.Thread`` object:
+    asking ``threading.current_thread()`` there would register a dummy one that ``threading``
+    then lists as alive for the rest of the process."""
+    thread = _thread
+    return thread is not None and thread.ident == threading.get_ident()
 
 
 def caller_loading() -> None:

@@ -42,7 +42,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .preload import THREAD_NAME
+from .preload import on_thread
 
 ENV = "TCB_PROFILE"
 PHASES = ("imports", "read", "verify", "decode", "checks", "guards", "graphs", "callees")
@@ -342,7 +342,7 @@ def _wrap_targets(module_name: str) -> None:
 
 
 def _outside_import(seconds: float) -> None:
-    counter = _background if threading.current_thread().name == THREAD_NAME else _outside
+    counter = _background if on_thread() else _outside
     counter[0] += seconds
     counter[1] += 1
 
