@@ -188,6 +188,8 @@ def summarize(warm: list[dict], eager: list[dict], top: list[dict] | None = None
     total = med(r["first_call_s"] for r in warm) * 1e3
     eager_ms = med(r["first_call_s"] for r in eager) * 1e3
     call_ms = med(r["call_s"] for r in warm) * 1e3
+    top_ms = med(r["first_call_s"] for r in top) * 1e3 if top else None
+    eager_warmed_ms = med(r["first_call_s"] for r in eager_warmed) * 1e3 if eager_warmed else None
     return {
         "modules": sorted(modules, key=lambda m: -m["import_us"]),
         "module_count": len(modules), "pyc_kb": sum(m["pyc_bytes"] for m in modules) / 1024,
@@ -195,11 +197,11 @@ def summarize(warm: list[dict], eager: list[dict], top: list[dict] | None = None
         "guards_ms": guards_ms, "load_checks": checks, "us_per_check": guards_ms * 1e3 / checks if checks else None,
         "warm_first_call_ms": total, "eager_first_call_ms": eager_ms, "replay_call_ms": call_ms,
         "own_cost_ms": total - eager_ms, "rest_ms": total - eager_ms - imports_ms - guards_ms - (call_ms - eager_ms),
-        "own_cost_top_ms": med(r["first_call_s"] for r in top) * 1e3 - eager_ms if top else None,
+        "own_cost_top_ms": top_ms - eager_ms if top_ms is not None else None,
         "preloaded": all(r["preloaded"] for r in top) if top else None,
-        "eager_warmed_first_call_ms": med(r["first_call_s"] for r in eager_warmed) * 1e3 if eager_warmed else None,
-        "own_cost_over_warmed_eager_ms": (med(r["first_call_s"] for r in top) - med(r["first_call_s"] for r in eager_warmed))
-        * 1e3 if top and eager_warmed else None,
+        "eager_warmed_first_call_ms": eager_warmed_ms,
+        "own_cost_over_warmed_eager_ms": top_ms - eager_warmed_ms if top_ms is not None and eager_warmed_ms is not None
+        else None,
     }
 
 

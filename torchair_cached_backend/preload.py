@@ -252,9 +252,7 @@ def caller_loading() -> None:
 
 
 def _warm_ops() -> None:
-    if _optional_stop.is_set():
-        return
-    with _ops_lock:
+    with _ops_lock:  # checked under the lock: an exit that took it first means never start
         if not _optional_stop.is_set():
             importlib.import_module(OP_WARMUP).warm(_optional_stop)
 
@@ -327,7 +325,7 @@ def _stop() -> None:
 def wait(timeout: float | None = None) -> bool:
     """Wait for the background import (True: it is done, or never started)."""
     thread = _thread
-    if thread is None or thread.ident == threading.get_ident():
+    if thread is None or on_thread():
         return True
     thread.join(timeout)
     return not thread.is_alive()
