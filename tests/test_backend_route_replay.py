@@ -10,6 +10,9 @@ the outputs against eager.
 
 from __future__ import annotations
 
+import os
+import shutil
+
 import pytest
 from subprocess_helpers import run_python
 
@@ -120,6 +123,7 @@ def plain_cache(tmp_path_factory):
     root = tmp_path_factory.mktemp("route_plain")
     out = run_python(COLD_PLAIN, env={"ROOT": str(root)})
     assert out["frames"] > 0  # the cold process traced
+    shutil.copytree(root / "net", root / "net_pristine")  # the cold variant alone (tests add variants to net)
     return str(root)
 
 
@@ -278,14 +282,22 @@ CHANGES = {
     "attribute_after_install_guards_call": ("", "model.scale = 5.0"),
     # guards not named: the route re-checks every guard per call, as Dynamo does
     "attribute_after_install_default": ("", "model.scale = 5.0"),
+    # guards not named, a change before the first call: the install check (load-time guards over
+    # the receiver, then the per-call ones; the full check is not decoded yet) rejects it
+    "attribute_default": ("model.scale = 3.0", ""),
+    "method_default": ("Net.act = lambda self, y: torch.sigmoid(y)", ""),
 }
 
 
 @pytest.mark.parametrize("change", list(CHANGES))
-def test_a_change_retraces_with_the_right_answer(plain_cache, change: str) -> None:
+def test_a_change_retraces_with_the_right_answer(plain_cache, change: str, tmp_path) -> None:
     before, after = CHANGES[change]
     guards = "call" if change.endswith("guards_call") else None if change.endswith("default") else "load"
     named = {"guards": guards} if guards else {}
+    root = plain_cache
+    if before and guards is None:  # the cold variant alone: no variant an earlier case traced may hold
+        shutil.copytree(os.path.join(plain_cache, "net_pristine"), tmp_path / "net")
+        root = str(tmp_path)
     out = run_python(PRELUDE + f'''
 root = os.environ["ROOT"]
 model = build(Net)
@@ -298,7 +310,7 @@ frames_first, installs_first = frames(), installs()
 got = fn(X4)
 emit({{"first": first, "frames_first": frames_first, "ok": close(got, model(X4)), "frames": frames(),
        "installs_first": installs_first, "installs": installs()}})
-''', env={"ROOT": plain_cache})
+''', env={"ROOT": root})
     assert out["first"] and out["ok"], out
     if before:  # rejected at install: Dynamo's path from the first call
         assert out["frames_first"] > 0 and out["installs_first"] == 0, out
@@ -307,6 +319,46 @@ emit({{"first": first, "frames_first": frames_first, "ok": close(got, model(X4))
         # the entry's guard failed: Dynamo traced, or another variant that holds (stored by an
         # earlier case that traced the same change into this shared cache) was installed
         assert out["frames"] > 0 or out["installs"] > out["installs_first"], out
+
+
+FULL_CHECK = PRELUDE + r'''
+from torchair_cached_backend.bypass import guard_runtime
+decoded = []
+_inflate = guard_runtime._inflate
+def counting(part):
+    decoded.append(len(part or b""))
+    return _inflate(part)
+guard_runtime._inflate = counting  # the full check (and the explanations, on a failure) are inflated
+if os.environ.get("BREAK_FULL") == "1":  # a full check that cannot be decoded (never seen: its bytes are verified)
+    def broken(self):
+        raise ValueError("undecodable full check")
+    guard_runtime.GuardChecks.full = property(broken)
+root = os.environ["ROOT"]
+model = build(Net)
+torch.set_grad_enabled(False)
+fn = compiled(model, os.path.join(root, "net"))
+res = {"first": close(fn(X4), model(X4)), "decoded_first": len(decoded), "frames_first": frames()}
+res.update(second=close(fn(X4), model(X4)), decoded_second=len(decoded), frames_second=frames())
+model.scale = 5.0  # the per-call guard (the full check, or its two parts) still sees a change
+res.update(changed=close(fn(X4), model(X4)), frames_changed=frames(), installs=installs())
+emit(res)
+'''
+
+
+@pytest.mark.parametrize("broken", [False, True], ids=["decoded_on_second_call", "undecodable"])
+def test_the_full_check_is_decoded_by_the_entrys_guard_not_on_the_first_call(plain_cache, broken: bool) -> None:
+    """guards not named: the first call is checked as load() checks it (load-time guards over the
+    receiver, then the per-call ones); the full check is decoded when Dynamo first evaluates the
+    installed entry's guard. One that cannot be decoded is never a failed call: the same guards,
+    checked in two parts."""
+    out = run_python(FULL_CHECK, env={"ROOT": plain_cache, "BREAK_FULL": "1" if broken else "0"})
+    assert out["first"] and out["second"] and out["changed"], out
+    assert out["frames_first"] == 0 and out["frames_second"] == 0, out  # replayed, no trace
+    assert out["decoded_first"] == 0, out  # not decoded for the first call
+    if not broken:
+        assert out["decoded_second"] >= 1, out  # decoded by the entry's guard on the second call
+    # the change failed the guard: Dynamo traced (or installed another variant that holds)
+    assert out["frames_changed"] > 0 or out["installs"] > 1, out
 
 
 LLAMA = r'''

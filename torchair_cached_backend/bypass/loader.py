@@ -206,9 +206,12 @@ class _ReplayBuilder:
 
     def __init__(
         self, files: dict[str, bytes], program: dict[str, Any], options: BackendOptions, func: Any, bound_self: Any,
-        key: str = "",
+        key: str = "", lazy_full: bool = False,
     ) -> None:
         self.key = key
+        #: the backend route: a root variant whose per-call check is the full check gets
+        #: ``check=None`` (the full check is decoded where first used: ``frame_install``)
+        self.lazy_full = lazy_full
         self.files = files
         self.program = program
         self.frames: dict[str, Any] = program.get("frames", {})
@@ -255,6 +258,8 @@ class _ReplayBuilder:
                                                     site.__closure__)
         fn.__kwdefaults__ = site.__kwdefaults__  # type: ignore[attr-defined]
         used = ((self.options.cache_dir, self.key), fid)
+        if checks is not None and self.lazy_full and not frame.get("wrapper") and self._checks_all(checks):
+            return Variant(None, fn, checks, used)
         check: Callable[..., bool] = always if checks is None else self._per_call(checks)
         if frame.get("wrapper") and self.bound_self is not None:  # inner(*args): called without the receiver
             fn, check = _without_receiver(fn), _without_receiver(check)
@@ -283,8 +288,12 @@ class _ReplayBuilder:
         then its guards and the globals' are checked once at load, the rest per call."""
         return checks.receiver is None or self.bound_self is not None
 
+    def _checks_all(self, checks: GuardChecks) -> bool:
+        """Whether every recorded guard is checked per call (``guards="call"``, a receiver not fixed at load)."""
+        return not (self._fixed(checks) and self.options.guards != "call")
+
     def _per_call(self, checks: GuardChecks) -> Callable[..., bool]:
-        return checks.call if self._fixed(checks) and self.options.guards != "call" else checks.full
+        return checks.full if self._checks_all(checks) else checks.call
 
     def _frame_usable(self, frame: dict[str, Any]) -> None:
         if frame.get("unsupported"):
@@ -558,10 +567,12 @@ def build_frame_variants(
     ``func`` bound to ``bound_self`` (same key, same checks), without a ``ReplayedFunction``,
     fallback or callee installation (Dynamo's frame cache serves those); plus the program and
     the kind of every global its frames read. An empty list with ``program["eager_root"]``: the
-    frame runs as Python. Raises :class:`CacheMiss` saying why."""
+    frame runs as Python. A variant that checks every guard per call has ``check=None``: its
+    full check is decoded only when Dynamo first evaluates the installed entry's guard.
+    Raises :class:`CacheMiss` saying why."""
     t0 = time.perf_counter()
     key, files, program, name = _cached_program(func, bound_self, options)
-    builder = _ReplayBuilder(files, program, options, func, bound_self, key)
+    builder = _ReplayBuilder(files, program, options, func, bound_self, key, lazy_full=True)
     variants, rejected = [], []
     for variant in reversed(program.get("variants", [])):
         if (builder.frames.get(variant.get("root")) or {}).get("wrapper"):

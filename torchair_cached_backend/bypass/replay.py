@@ -21,13 +21,14 @@ _MISSING = object()
 
 
 class Variant:
-    """One replayable root frame: its function and the check that selects it.
-    ``used`` is (program, root frame id) until its first call, which notes it as
-    used by this process (so this process's merges never evict it), then None."""
+    """One replayable root frame: its function and the check that selects it (None on the
+    backend route for the full check of ``checks``, not decoded yet). ``used`` is (program,
+    root frame id) until its first call, which notes it as used by this process (so this
+    process's merges never evict it), then None."""
 
     __slots__ = ("check", "fn", "checks", "used")
 
-    def __init__(self, check: Callable[..., bool], fn: Callable[..., Any], checks: GuardChecks | None,
+    def __init__(self, check: Callable[..., bool] | None, fn: Callable[..., Any], checks: GuardChecks | None,
                  used: tuple[tuple[str, str], str] | None = None) -> None:
         self.check = check
         self.fn = fn
