@@ -199,7 +199,7 @@ PROFILING = "torchair_cached_backend.profiling"
 
 def test_the_warm_path_imports_stay_inside_it_without_cycles():
     # two threads importing these modules can only wait on each other's import locks through a cycle
-    nodes = PRELOADED | set(preload.ROUTE) | {PROFILING}
+    nodes = PRELOADED | set(preload.ROUTE) | set(preload.ROUTE_MISS) | {PROFILING}
     graph = {name: _module_imports(name) for name in nodes}
     for name, deps in graph.items():
         assert deps <= nodes, (name, sorted(deps - nodes))
@@ -296,9 +296,9 @@ def test_with_dynamo_the_thread_imports_the_backend_route_too(dynamo):
                "others": sorted(m for m in set(sys.modules) - before if not m.startswith("torchair_cached_backend"))}})
         """))
     assert out["done"], out
-    want = PRELOADED | set(preload.ROUTE)
+    want = PRELOADED | set(preload.ROUTE) | set(preload.ROUTE_MISS)
     assert set(out["ours"]) == want, sorted(set(out["ours"]) ^ want)
-    assert {out["who"][m] for m in preload.ROUTE} == {out["thread_ident"]}, out["who"]
+    assert {out["who"][m] for m in (*preload.ROUTE, *preload.ROUTE_MISS)} == {out["thread_ident"]}, out["who"]
     assert not {"torchair_cached_backend.bypass.capture", "torchair_cached_backend.backend"} & set(out["ours"])
     if dynamo == "before the package":  # of torch's, only what torch.compile() itself imports on first use
         assert [m for m in out["others"] if m.startswith("torch")] == [preload.BISECTOR], out["others"]
@@ -313,7 +313,7 @@ def test_without_dynamo_or_with_preload_off_the_route_is_not_imported():
         without = ours()
         emit({"without": without})
         """))
-    assert not set(preload.ROUTE) & set(out["without"]), out
+    assert not set(preload.ROUTE + preload.ROUTE_MISS) & set(out["without"]), out
     off = run_python(OURS + textwrap.dedent("""
         import torch, threading
         import torchair_cached_backend as tcb
@@ -341,6 +341,30 @@ def test_the_route_set_is_what_a_warm_backend_route_imports(tmp_path):
     warm = run_python(script, env={"TCB_PRELOAD": "0"})
     assert warm["frames"] == 0, warm
     assert set(warm["added"]) - WARM_PATH_MODULES == set(preload.ROUTE), warm["added"]
+
+
+def test_the_route_miss_set_is_what_a_nested_frame_without_a_program_adds(tmp_path):
+    # BERT's replayed forward calls transformers' config __getattribute__, a frame Dynamo compiled
+    # nothing in: the route looks for its program, misses, and runs it as Python. What that adds
+    # (with the background import off) is exactly preload.ROUTE_MISS, which the thread imports
+    d = str(tmp_path)
+    script = OURS + textwrap.dedent(f"""
+        import torch, transformers
+        import torchair_cached_backend as tcb
+        import hf_tiny
+        from child_helpers import frames
+        model, inputs = hf_tiny.build("bert", size="tiny")
+        before = set(ours())
+        with torch.no_grad():
+            torch.compile(model, backend="npu_cached", options={{"cache_dir": {d!r}, "compiler": "eager"}})(**inputs)
+        added = sorted(set(ours()) - before)
+        from torchair_cached_backend.bypass import frame_install
+        emit({{"added": added, "frames": frames(), "counts": frame_install.counts}})
+        """)
+    run_python(script, env={"TCB_PRELOAD": "0"})
+    warm = run_python(script, env={"TCB_PRELOAD": "0"})
+    assert warm["frames"] == 0 and warm["counts"]["installed"] >= 1 and warm["counts"]["fallbacks"] == 0, warm
+    assert set(warm["added"]) - WARM_PATH_MODULES == set(preload.ROUTE) | set(preload.ROUTE_MISS), warm["added"]
 
 
 #: the trace rules' memos, as ``functools.cache`` reports them

@@ -123,3 +123,81 @@ def test_a_program_miss_still_finds_an_edited_version(tmp_path):
     finally:
         _double = kept
     assert os.listdir(os.path.join(d, "programs")) == []  # the stale entry set aside
+
+
+def _quadruple(x):
+    return x * 4
+
+
+def _miss(fn, d: str) -> str:
+    from torchair_cached_backend import CacheMiss, load
+
+    try:
+        load(fn, d, compiler="eager", fallback=False)
+    except CacheMiss as miss:
+        return str(miss)
+    raise AssertionError(f"{fn.__name__} loaded a program")
+
+
+def _age(path: str, seconds: float = 60.0) -> None:
+    import os
+    import time
+
+    then = time.time() - seconds
+    os.utime(path, (then, then))
+
+
+def test_a_processs_program_misses_list_the_store_once(tmp_path, monkeypatch):
+    # each miss listed the whole store to find its function's entries: ~7 ms per miss at 10 000
+    # programs, once for every frame under a replay that has no program (BERT's config getters).
+    # One listing now serves the process's misses while the directory is unchanged
+    import os
+
+    d = _programs(tmp_path, N)
+    _age(os.path.join(d, "programs"))
+    listings = []
+    real = Store.keys
+    monkeypatch.setattr(Store, "keys", lambda self: listings.append(self.kind) or real(self))
+    for fn in (_triple, _quadruple, _triple):
+        assert "no cached program" in _miss(fn, d)
+    assert listings == ["programs"], listings
+
+
+def test_a_listing_taken_right_after_a_change_is_not_reused(tmp_path, monkeypatch):
+    # an entry added within the same timestamp tick as the listing would leave the directory's
+    # mtime unchanged: a directory changed in the last seconds is listed again
+    d = _programs(tmp_path, N)  # just written
+    listings = []
+    real = Store.keys
+    monkeypatch.setattr(Store, "keys", lambda self: listings.append(self.kind) or real(self))
+    for fn in (_triple, _quadruple):
+        assert "no cached program" in _miss(fn, d)
+    assert listings == ["programs", "programs"], listings
+
+
+def test_a_program_stored_after_the_listing_is_found_by_a_later_miss(tmp_path):
+    # the listing is reused only while the directory is the one listed: an older version of a
+    # function published meanwhile (by another process) is still found, and set aside, as stale
+    import os
+    import shutil
+
+    d = _programs(tmp_path, 0)
+    root = os.path.join(d, "programs")
+    (entry,) = os.listdir(root)
+    parked = str(tmp_path / "parked")
+    shutil.move(os.path.join(root, entry), parked)
+    _age(root)
+    assert "no cached program" in _miss(_triple, d)  # the process's listing: an empty store
+    shutil.move(parked, os.path.join(root, entry))  # _double's program arrives
+    global _double
+    kept = _double
+
+    def _double(x):  # noqa: F811  (the same function, edited)
+        return x * 2 + 0
+
+    try:
+        text = _miss(_double, d)
+    finally:
+        _double = kept
+    assert "is stale" in text and "was edited" in text, text
+    assert os.listdir(root) == []

@@ -9,7 +9,8 @@ Once Dynamo is imported too (a transformers model's build imports it), the same 
 imports what the backend route adds (:data:`ROUTE`: ``torch.compile(model,
 backend="npu_cached")`` replaying from Dynamo's frame callback), ~1.5-2 ms more, then the part of
 ``torch.compile()``'s own first use that is torch's per-process memo (:data:`TORCH_FIRST_USE`,
-~3.5 ms: the compiler bisector's import, Dynamo's skip and inline file sets). After the warm
+~3.5 ms: the compiler bisector's import, Dynamo's skip and inline file sets) and what a frame
+under a replay that has no program of its own imports (:data:`ROUTE_MISS`). After the warm
 path it also reads the versions every cache key holds (:data:`VERSIONS`, our own memos), and
 last it calls the operators transformer graphs call once on tiny tensors (:data:`OPS`,
 ``op_warmup``): torch's own first use of each, ~0.8 ms of a tiny Llama's replayed first call.
@@ -69,6 +70,10 @@ ROUTE = tuple("torchair_cached_backend." + m for m in (
     "bypass.code_names", "bypass.signature", "compile_mode", "bypass.capture_hook", "bypass.debug_wrapper",
     "bypass.frame_install",
 ))
+#: what a warm backend route imports besides :data:`ROUTE` when a frame under a replayed one has no
+#: program of its own (Dynamo compiled nothing in it: transformers' config ``__getattribute__`` under
+#: BERT's forward): the miss's explanation and the store's layers, ~0.8 ms of that first call otherwise
+ROUTE_MISS = tuple("torchair_cached_backend." + m for m in ("layers", "bypass.loader_miss"))
 #: the route's modules import Dynamo: the thread first waits for Dynamo's own import (its module
 #: lock) to finish, and never imports Dynamo itself
 DYNAMO = "torch._dynamo"
@@ -147,7 +152,7 @@ def _route_names() -> list[str]:
         if _route_queued:
             return []
         _route_queued = True
-    return [DYNAMO, *ROUTE, *TORCH_FIRST_USE]
+    return [DYNAMO, *ROUTE, *TORCH_FIRST_USE, *ROUTE_MISS]
 
 
 def _submit(names: list[str]) -> bool:

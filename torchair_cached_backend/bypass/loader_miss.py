@@ -8,6 +8,8 @@ A hit never imports this module.
 
 from __future__ import annotations
 
+import os
+import time
 import types
 from collections.abc import Callable
 from typing import Any
@@ -28,9 +30,8 @@ def _why_missing(
     entries whose keys begin with this function's prefix are read (``program.function_prefix``)."""
     fingerprint = code_codec.code_fingerprint(code)
     edited, older = [], []
-    prefix = key[:FUNCTION_PREFIX]
-    for other in store.keys():
-        if other == key or not other.startswith(prefix):
+    for other in _keys_with_prefix(store, key[:FUNCTION_PREFIX]):
+        if other == key:
             continue
         try:
             manifest = store.read_manifest(other) or {}
@@ -56,6 +57,36 @@ def _why_missing(
     if older:
         return f"cached program for {name} has another format (written by another version); rebuilding"
     return f"no cached program for {name} (compiler {compiler}) in {cache_dir}"
+
+
+#: a store's directory -> (its stat identity, its keys by function prefix): one listing serves every
+#: miss of the process while the directory is unchanged. A warm backend route misses once for each
+#: frame under a replay that Dynamo compiled nothing in (transformers' config ``__getattribute__``),
+#: and listing 10 000 entries takes ~7 ms
+_listings: dict[str, tuple[tuple[int, int, int], dict[str, list[str]]]] = {}
+#: a listing taken this soon after the directory's last change is not kept: an entry added or
+#: removed within the same timestamp tick would leave the identity unchanged (git's "racy" rule)
+_RACY_S = 2.0
+
+
+def _keys_with_prefix(store: Any, prefix: str) -> list[str]:
+    """The keys of ``store`` that begin with ``prefix``, from the process's listing of its
+    directory when the directory's (device, inode, mtime) is still the listed one."""
+    try:
+        st = os.stat(store.dir)
+    except OSError:  # absent (nothing stored yet) or a fault: store.keys() says which
+        return [k for k in store.keys() if k.startswith(prefix)]
+    identity = (st.st_dev, st.st_ino, st.st_mtime_ns)
+    hit = _listings.get(store.dir)
+    if hit is not None and hit[0] == identity:
+        return hit[1].get(prefix, [])
+    listed_at = time.time()
+    by_prefix: dict[str, list[str]] = {}
+    for k in store.keys():
+        by_prefix.setdefault(k[:FUNCTION_PREFIX], []).append(k)
+    if listed_at - st.st_mtime_ns / 1e9 > _RACY_S:
+        _listings[store.dir] = (identity, by_prefix)
+    return by_prefix.get(prefix, [])
 
 
 def _compiling_stand_in(target: Any, options: BackendOptions, why: str) -> Callable[..., Any]:
