@@ -427,12 +427,7 @@ def _split_holds(checks: Any, code: types.CodeType, local: dict[str, Any], recei
         value = local.get(name, _MISSING)
         if value is not _MISSING:
             load_local[name] = value
-    try:
-        if checks.load_check(load_local) != -1:
-            return False
-    except Exception:
-        return False
-    return _holds(checks.call, code, local)
+    return checks.load_holds(load_local) and _holds(checks.call, code, local)
 
 
 def _guard(variant: Any, code: types.CodeType, frees: tuple[tuple[str, Any], ...], receiver: Any,

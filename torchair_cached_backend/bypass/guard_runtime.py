@@ -518,13 +518,16 @@ class GuardChecks:
             if fn is not None:
                 _bind_defaults(fn, defaults, kwdefaults)
 
+    def load_holds(self, local: dict[str, Any]) -> bool:
+        """Whether every load-time guard holds for ``local`` (the receiver, closure contents)."""
+        try:
+            return self.load_check(local) == -1
+        except Exception:
+            return False
+
     def load_failures(self, local: dict[str, Any]) -> list[str]:
         """The load-time guards that fail for ``local`` (the receiver, closure contents)."""
-        try:
-            first = self.load_check(local)
-        except Exception:
-            first = 0
-        if first == -1:
+        if self.load_holds(local):
             return []
         return self.failures(local, ("load",)) or ["a load-time guard fails"]
 

@@ -312,7 +312,6 @@ class _ReplayBuilder:
             raise _Rejected("its guards were not recorded by this version")
         receiver = guards.get("receiver")
         bound = self.bound_self is not None and receiver is not None
-        fixed = receiver is None or bound
         for name, desc in frame.get("globals", {}).items():  # guards may read Dynamo's (renamed) globals
             if desc["kind"] in ("module", "builtins", "value") and name not in self.values:
                 self.values[name] = self.scope[name] = self._light_value(desc)  # _globals reuses it
@@ -326,7 +325,7 @@ class _ReplayBuilder:
             kwdefaults["___cells"] = site.__closure__ or ()
         if not resume:
             checks.set_defaults(site.__defaults__, kwdefaults)
-        if fixed and self.options.guards != "call":  # "call" checks them all per call, against the state then
+        if not self._checks_all(checks):  # "call" checks them all per call, against the state then
             local = receiver_locals(receiver, self.bound_self) if bound else {}
             if not resume and site.__closure__:
                 for name, cell in zip(site.__code__.co_freevars, site.__closure__, strict=False):
