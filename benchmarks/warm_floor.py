@@ -87,8 +87,8 @@ def _child(action: str, cache_dir: str, layers: int) -> dict:
     import torch
 
     out: dict = {}
-    if action == "top":
-        return _top(cache_dir, layers)
+    if action in ("top", "top_unguarded"):
+        return _top(cache_dir, layers, "none" if action == "top_unguarded" else None)
     if action == "eager_warmed":  # the package imported first, as in ``_top``: the thread's warm-up helps eager too
         import transformers  # noqa: F401
 
@@ -137,11 +137,13 @@ def _child(action: str, cache_dir: str, layers: int) -> dict:
     return out
 
 
-def _top(cache_dir: str, layers: int) -> dict:
+def _top(cache_dir: str, layers: int, guards: str | None = None) -> dict:
     """The package imported first, as the README writes it (``import torch, torchair_cached_backend``),
     then the model built, loaded and called: the warm path's modules import in the background
     while the model is built (``preload``). Its own cost is the package's import, the load and
-    the first call (the model's build, paid by eager too, is left out)."""
+    the first call (the model's build, paid by eager too, is left out). ``guards="none"``: the
+    same replay without its checks (torchair's behaviour, never a default), which shows what the
+    guard-equivalent checks cost of the own cost."""
     import torch
     import transformers  # noqa: F401  (the eager child has it imported before its clock starts too)
 
@@ -154,7 +156,7 @@ def _top(cache_dir: str, layers: int) -> dict:
     with torch.no_grad():
         model, inputs = harness.tiny_llama(layers)
         t2 = time.perf_counter()
-        fn = tcb.load(model, cache_dir, compiler="eager", fallback=False)
+        fn = tcb.load(model, cache_dir, compiler="eager", fallback=False, **({"guards": guards} if guards else {}))
         got = fn(**inputs)
         t3 = time.perf_counter()
         diff = (got.logits - model(**inputs).logits).abs().max().item()
@@ -172,7 +174,7 @@ def _fit(rows: list[dict[str, Any]]) -> tuple[float, float]:
 
 
 def summarize(warm: list[dict], eager: list[dict], top: list[dict] | None = None,
-              eager_warmed: list[dict] | None = None) -> dict[str, Any]:
+              eager_warmed: list[dict] | None = None, unguarded: list[dict] | None = None) -> dict[str, Any]:
     med = statistics.median
     per_module: dict[str, list[dict[str, Any]]] = {}
     for run in warm:
@@ -190,6 +192,7 @@ def summarize(warm: list[dict], eager: list[dict], top: list[dict] | None = None
     call_ms = med(r["call_s"] for r in warm) * 1e3
     top_ms = med(r["first_call_s"] for r in top) * 1e3 if top else None
     eager_warmed_ms = med(r["first_call_s"] for r in eager_warmed) * 1e3 if eager_warmed else None
+    unguarded_ms = med(r["first_call_s"] for r in unguarded) * 1e3 if unguarded else None
     return {
         "modules": sorted(modules, key=lambda m: -m["import_us"]),
         "module_count": len(modules), "pyc_kb": sum(m["pyc_bytes"] for m in modules) / 1024,
@@ -198,6 +201,7 @@ def summarize(warm: list[dict], eager: list[dict], top: list[dict] | None = None
         "warm_first_call_ms": total, "eager_first_call_ms": eager_ms, "replay_call_ms": call_ms,
         "own_cost_ms": total - eager_ms, "rest_ms": total - eager_ms - imports_ms - guards_ms - (call_ms - eager_ms),
         "own_cost_top_ms": top_ms - eager_ms if top_ms is not None else None,
+        "own_cost_top_unguarded_ms": unguarded_ms - eager_ms if unguarded_ms is not None else None,
         "preloaded": all(r["preloaded"] for r in top) if top else None,
         "eager_warmed_first_call_ms": eager_warmed_ms,
         "own_cost_over_warmed_eager_ms": top_ms - eager_warmed_ms if top_ms is not None and eager_warmed_ms is not None
@@ -215,8 +219,8 @@ def render(doc: dict) -> str:
         "| layers | modules imported | .pyc KB | imports ms | load-time checks | checks ms | us / check "
         "| rest of the load ms | replay first call ms | eager first call ms | replay's own cost ms "
         "| own cost, package imported first ms | eager first call, package imported first ms "
-        "| own cost over that eager ms |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| own cost over that eager ms | own cost, package imported first, without checks ms |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for layers, s in sorted(doc["summary"].items(), key=lambda kv: int(kv[0])):
         per = f"{s['us_per_check']:.2f}" if s["us_per_check"] else "-"
@@ -225,7 +229,8 @@ def render(doc: dict) -> str:
                     f"{s['replay_call_ms']:.2f} | {s['eager_first_call_ms']:.2f} | {s['own_cost_ms']:.2f} | "
                     + (f"{s['own_cost_top_ms']:.2f} |" if s.get("own_cost_top_ms") is not None else "- |")
                     + "".join(f" {s[k]:.2f} |" if s.get(k) is not None else " - |"
-                              for k in ("eager_warmed_first_call_ms", "own_cost_over_warmed_eager_ms")))
+                              for k in ("eager_warmed_first_call_ms", "own_cost_over_warmed_eager_ms",
+                                        "own_cost_top_unguarded_ms")))
     rows += [
         "",
         "The split (imports, checks, rest) is measured with the background import off (`TCB_PRELOAD=0`): the "
@@ -235,7 +240,9 @@ def render(doc: dict) -> str:
         "package's import, the load and the first call, less eager's first call. That thread also calls the "
         "operators transformer graphs call once (`op_warmup`: torch's own first use of each), which an eager "
         "process would gain from as well: the last two columns are an eager process that imported the package "
-        "first too (its import not counted), and the own cost over it.",
+        "first too (its import not counted), and the own cost over it. The last column is the package-first "
+        "process again with `guards=\"none\"` (no load-time or per-call checks: torchair's behaviour, never our "
+        "default): the difference to the package-first column is what the guard-equivalent checks cost.",
         "",
         f"Imports fit ({main['module_count']} modules): **{main['fixed_us_per_module']:.0f} us per module + "
         f"{main['us_per_kb']:.1f} us per KB of .pyc** (found, read, unmarshalled, run; timed by a finder of this "
@@ -279,21 +286,25 @@ def main() -> None:
         eager: list[dict] = []
         top: list[dict] = []
         eager_warmed: list[dict] = []
+        unguarded: list[dict] = []
         for _ in range(a.repeat):  # round-robin: a noisy neighbour hits all alike
             eager.append(harness.spawn(__file__, ["eager", cache, str(n)], ind, 900, CHILD_ENV))
             eager_warmed.append(harness.spawn(__file__, ["eager_warmed", cache, str(n)], ind, 900, CHILD_ENV))
             warm.append(harness.spawn(__file__, ["warm", cache, str(n)], ind, 900, {**CHILD_ENV, "TCB_PRELOAD": "0"}))
             top.append(harness.spawn(__file__, ["top", cache, str(n)], ind, 900, CHILD_ENV))
-        bad = [r["error"] for r in warm + eager + top + eager_warmed if "error" in r]
+            unguarded.append(harness.spawn(__file__, ["top_unguarded", cache, str(n)], ind, 900, CHILD_ENV))
+        bad = [r["error"] for r in warm + eager + top + eager_warmed + unguarded if "error" in r]
         if bad:
             sys.exit(f"a child failed ({n} layers): {bad[0]}")
-        if any(r["max_abs_diff"] > 1e-5 for r in warm + top):
+        if any(r["max_abs_diff"] > 1e-5 for r in warm + top + unguarded):
             sys.exit(f"a warm replay's output differs from eager's ({n} layers)")
-        doc["runs"][str(n)] = {"warm": warm, "eager": eager, "top": top, "eager_warmed": eager_warmed}
-        doc["summary"][str(n)] = summarize(warm, eager, top, eager_warmed)
+        doc["runs"][str(n)] = {"warm": warm, "eager": eager, "top": top, "eager_warmed": eager_warmed,
+                               "top_unguarded": unguarded}
+        doc["summary"][str(n)] = summarize(warm, eager, top, eager_warmed, unguarded)
         s = doc["summary"][str(n)]
         print(f"{n} layers: own cost {s['own_cost_ms']:.2f} ms, package imported first {s['own_cost_top_ms']:.2f} ms "
-              f"(over an eager process that imported it too: {s['own_cost_over_warmed_eager_ms']:.2f} ms)", flush=True)
+              f"(over an eager process that imported it too: {s['own_cost_over_warmed_eager_ms']:.2f} ms; "
+              f"without checks {s['own_cost_top_unguarded_ms']:.2f} ms)", flush=True)
     harness.write_outputs(doc, a.out, render)
 
 

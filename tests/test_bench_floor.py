@@ -51,3 +51,19 @@ def test_the_summary_splits_the_own_cost():
     assert s["us_per_check"] == pytest.approx(20.0)
     assert s["own_cost_ms"] == pytest.approx(5.0)
     assert s["rest_ms"] == pytest.approx(5.0 - 1.0 - 2.0 - (4.0 - 5.0))
+
+
+def test_the_summary_reports_the_own_cost_without_checks_and_renders_it():
+    warm = [{"modules": [{"module": "m", "pyc_bytes": 2048, "find_us": 50.0, "load_us": 950.0}], "guards_s": 0.002,
+             "load_checks": 100, "first_call_s": 0.010, "call_s": 0.004, "import_s": 0.001, "load_s": 0.005}]
+    eager = [{"first_call_s": 0.005}]
+    top = [{"first_call_s": 0.009, "preloaded": True}]
+    unguarded = [{"first_call_s": 0.006}, {"first_call_s": 0.0065}, {"first_call_s": 0.007}]
+    s = warm_floor.summarize(warm, eager, top, None, unguarded)
+    assert s["own_cost_top_ms"] == pytest.approx(4.0)
+    assert s["own_cost_top_unguarded_ms"] == pytest.approx(1.5)  # the median's
+    assert warm_floor.summarize(warm, eager, top)["own_cost_top_unguarded_ms"] is None
+    text = warm_floor.render({"layers": [4], "repeat": 3, "note": "", "summary": {"4": s}})
+    row = next(line for line in text.splitlines() if line.startswith("| 4 |"))
+    assert row.rstrip().endswith("| 1.50 |")
+    assert "without checks" in text
