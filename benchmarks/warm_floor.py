@@ -239,7 +239,7 @@ def render(doc: dict) -> str:
         "warm path's modules import on a background thread meanwhile (`preload`), and the own cost is the "
         "package's import, the load and the first call, less eager's first call. That thread also calls the "
         "operators transformer graphs call once (`op_warmup`: torch's own first use of each), which an eager "
-        "process would gain from as well: the last two columns are an eager process that imported the package "
+        "process would gain from as well: the next two columns are an eager process that imported the package "
         "first too (its import not counted), and the own cost over it. The last column is the package-first "
         "process again with `guards=\"none\"` (no load-time or per-call checks: torchair's behaviour, never our "
         "default): the difference to the package-first column is what the guard-equivalent checks cost.",
