@@ -520,3 +520,76 @@ def test_the_first_instruction_is_dynamos_without_dis():
     for code in seen:
         assert first_instruction(code) == first_real_inst_idx(code), code.co_qualname
     assert first_instruction(gen.__code__) > 0
+
+
+GPT2_TRAIN = r'''
+import hf_tiny
+def train_step(route):
+    model, inputs = hf_tiny.build("gpt2")
+    model.train()
+    fn = model if route == "eager" else compiled(model, os.environ["ROOT"])
+    out = fn(**inputs, labels=inputs["input_ids"])  # the loss inside the model, as HF training runs it
+    out.loss.backward()
+    return [out.loss.item()] + [p.grad.abs().sum().item() for p in list(model.parameters())[:3]]
+'''
+
+
+@pytest.fixture(scope="module")
+def gpt2_train_cache(tmp_path_factory):
+    root = tmp_path_factory.mktemp("route_gpt2_train")
+    out = run_python(PRELUDE + GPT2_TRAIN + r'''
+emit({"got": train_step("cold"), "frames": frames()})
+''', env={"ROOT": str(root)})
+    # GPT2LMHeadModel's loss property logs a warning once per process: a graph break in it
+    # runs the decorated forwards as frames of their own (dozens of frames at cold)
+    assert out["frames"] > 10, out
+    return str(root)
+
+
+def test_a_decorated_forward_compiled_on_its_own_replays_in_a_training_step(gpt2_train_cache) -> None:
+    """Real library code, trained as users train it: ``GPT2Model.forward`` sits under
+    transformers' ``capture_outputs`` wrapper (the class dict holds the wrapper, the frame runs
+    the function it wraps) and its loss property logs through a dozen ``logging`` frames. The
+    warm process used to trace 45 frames and recompile the graphs (2-3 s); it finds the
+    wrapped function through ``__wrapped__`` and runs the deep no-graph frames as Python."""
+    out = run_python(PRELUDE + GPT2_TRAIN + r'''
+got = train_step("warm")  # first: the warning (and its graph break) happens in this call
+want = train_step("eager")
+emit({"want": want, "got": got, "frames": frames(), "graphs": counters["stats"]["unique_graphs"],
+      "stats": tcb.stats().as_dict()})
+''', env={"ROOT": gpt2_train_cache})
+    assert out["got"] == pytest.approx(out["want"], rel=1e-5), out
+    assert out["graphs"] == 0 and out["stats"]["misses"] == 0, out  # no graph traced or compiled again
+    # left: the continuation after the logging graph break, in which Dynamo compiled nothing at cold
+    assert out["frames"] <= 3, out
+
+
+def test_a_frame_is_resolved_through_decorators_that_record_what_they_wrap() -> None:
+    import functools
+
+    from torchair_cached_backend.bypass.frame_install import _resolve
+
+    def deco(fn):
+        @functools.wraps(fn)
+        def wrapper(self, *args, **kwargs):
+            return fn(self, *args, **kwargs)
+        return wrapper
+
+    class M:
+        @deco
+        @deco
+        def forward(self, x):
+            return x
+
+    @functools.lru_cache(None)
+    def helper(x):
+        return x
+
+    m = M()
+    inner = M.forward.__wrapped__.__wrapped__
+    assert _resolve(inner.__code__, {"self": m, "x": 1}, {}, None) == (inner, m)
+    plain = helper.__wrapped__
+    assert _resolve(plain.__code__, {"x": 1}, {"helper": helper}, None) == (plain, None)
+    # the same code with other cells is another function: not found
+    other = deco(lambda self, x: x)
+    assert _resolve(other.__code__, {"self": m}, {}, (object(),)) is None

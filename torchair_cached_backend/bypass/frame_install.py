@@ -212,11 +212,11 @@ class ReplayingCallback(convert_frame.CatchErrorsWrapper):
         if target is None:
             self._tcb_uncached.add(id(code))
             self._tcb_absent.add(id(code))
-            return self._tcb_nested(frame)
+            return self._tcb_nested(frame, _UNRESOLVED_DEPTH)
         func, receiver = target
         built = self._tcb_build(func, receiver, code)
         if built is None:
-            return self._tcb_nested(frame) if id(code) in self._tcb_absent else None
+            return self._tcb_nested(frame, _NESTED_DEPTH) if id(code) in self._tcb_absent else None
         variants, kinds, program = built
         if not variants:  # Dynamo skipped this frame at cold start: it runs as Python, its callees replay
             counts["eager_root"] += 1
@@ -254,13 +254,17 @@ class ReplayingCallback(convert_frame.CatchErrorsWrapper):
         _fallback("backend route: no cached variant fits the call (traced)")
         return None
 
-    def _tcb_nested(self, frame: Any) -> ConvertFrameReturn | None:
+    def _tcb_nested(self, frame: Any, depth_limit: int) -> ConvertFrameReturn | None:
         """A frame with no program called by replayed code (a config getter the bytecode
         calls): at cold Dynamo compiled nothing in it (else it would have a program), and
         ``load()`` runs it as Python; so does this route (not recursively: what it calls
-        may have programs). Anything else with no program is Dynamo's."""
+        may have programs). Anything else with no program is Dynamo's. The replayed code may be
+        far up the stack (``depth_limit``): a ``logger.warning_once`` in a property the forward
+        reads runs a dozen frames of ``logging`` below it, each of which Dynamo would trace (for
+        nothing) again. A function not found from its frame may have a program that could not be
+        looked up: only a caller near it makes it Python."""
         caller, depth = sys._getframe(1), 0  # the callback runs on the caller's stack
-        while caller is not None and depth < 8:
+        while caller is not None and depth < depth_limit:
             if id(caller.f_code) in self._tcb_codes and self._tcb_codes[id(caller.f_code)] is caller.f_code:
                 counts["eager_nested"] += 1
                 return _skip(recursive=False)
@@ -349,20 +353,39 @@ def _resolve(code: types.CodeType, local: dict[str, Any], scope: dict[str, Any],
     else a module-level function."""
     first = _first_argument(code, local)
     if first is not None:
-        if True:
-            klass = first if isinstance(first, type) else type(first)
-            for base in klass.__mro__:
-                attrs = vars(base)
-                named = attrs.get(code.co_name)
-                for attr in ((named,) if named is not None else ()) + tuple(attrs.values()):
-                    fn = attr.__func__ if isinstance(attr, classmethod) else attr
-                    if isinstance(fn, types.FunctionType) and fn.__code__ is code and _same_cells(fn, closure):
-                        if isinstance(attr, classmethod) != isinstance(first, type):
-                            return None
-                        return fn, first
-    fn = scope.get(code.co_name)
-    if isinstance(fn, types.FunctionType) and fn.__code__ is code and _same_cells(fn, closure):
-        return fn, None
+        klass = first if isinstance(first, type) else type(first)
+        for base in klass.__mro__:
+            attrs = vars(base)
+            named = attrs.get(code.co_name)
+            for attr in ((named,) if named is not None else ()) + tuple(attrs.values()):
+                fn = _runs(attr.__func__ if isinstance(attr, classmethod) else attr, code, closure)
+                if fn is not None:
+                    if isinstance(attr, classmethod) != isinstance(first, type):
+                        return None
+                    return fn, first
+    fn = _runs(scope.get(code.co_name), code, closure)
+    return None if fn is None else (fn, None)
+
+
+#: how far up the stack :meth:`ReplayingCallback._tcb_nested` looks for replayed code: for a
+#: function found with no program (Dynamo compiled nothing in it at cold), and for one not found
+_NESTED_DEPTH = 64
+_UNRESOLVED_DEPTH = 8
+#: how many ``functools.wraps`` layers :func:`_runs` looks through (a method under decorators)
+_WRAPPED_DEPTH = 4
+
+
+def _runs(attr: Any, code: types.CodeType, closure: Any) -> types.FunctionType | None:
+    """The function of ``attr`` that runs ``code`` with these cells: ``attr`` itself, or a
+    function it wraps (``__wrapped__``, as ``functools.wraps`` records it: transformers'
+    ``capture_outputs`` and ``deprecate_kwarg`` put a wrapper in the class dict, and the
+    decorated ``forward`` then runs as a frame of its own, called by the wrapper)."""
+    for _ in range(_WRAPPED_DEPTH + 1):
+        if isinstance(attr, types.FunctionType) and attr.__code__ is code and _same_cells(attr, closure):
+            return attr
+        attr = getattr(attr, "__wrapped__", None)  # also through a non-function wrapper (lru_cache)
+        if attr is None:
+            return None
     return None
 
 
