@@ -146,6 +146,25 @@ def adopt_resume(cache_dir: str, key: str, program: dict[str, Any], group: dict[
 
 
 
+def note_python_resume(code: types.CodeType) -> None:
+    """Dynamo ran the continuation ``code`` (a resume function of a recorded frame) and compiled
+    nothing in it: no graph, no transformed code, so no frame joins its group. The group says
+    so, and a warm start runs it as Python as Dynamo did, instead of handing it to Dynamo again
+    (a trace for nothing, and Dynamo's first use in the process: ~0.4 s)."""
+    with _lock:
+        owners = _resume_owners.get(id(code))
+        if owners is None or owners[0] is not code:
+            return
+        noted = []
+        for builder, origin, _ in owners[1]:
+            group = builder.resumes.get(origin)
+            if group is not None and not group["frames"] and not group.get("python"):
+                group["python"] = True
+                noted.append(builder)
+    for builder in {id(b): b for b in noted}.values():
+        builder.publish()
+
+
 def _builder_for(identity: dict[str, Any], fingerprint: str, compiler: str, options: Any) -> ProgramBuilder:
     """The builder of the program ``identity`` names in this process (made on first use)."""
     key = program_key(identity, fingerprint, compiler, options)

@@ -59,6 +59,7 @@ from .code_names import global_names, renamed
 from .guard_runtime import receiver_locals
 from .replay import global_module_hooks
 from .signature import call_args
+from .sources import RESUME_PREFIX
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
@@ -171,7 +172,12 @@ class ReplayingCallback(convert_frame.CatchErrorsWrapper):
             if result is not None:
                 convert_frame.input_codes.add(code)  # so torch._dynamo.reset() clears what we install
                 return result
-        return super().__call__(frame, cache_entry, frame_state)
+        result = super().__call__(frame, cache_entry, frame_state)
+        if frame_state is not None and result.guarded_code is None and code.co_name.startswith(RESUME_PREFIX):
+            capture = sys.modules.get(_CAPTURE)  # loaded where frames were captured (a cold start)
+            if capture is not None:
+                capture.note_python_resume(code)
+        return result
 
     def _tcb_torch_skip(self, frame: Any) -> ConvertFrameReturn | None:
         """Dynamo's own answer for a torch frame it skips (in a skip-listed file, or already
@@ -367,6 +373,7 @@ def _resolve(code: types.CodeType, local: dict[str, Any], scope: dict[str, Any],
     return None if fn is None else (fn, None)
 
 
+_CAPTURE = __name__.rsplit(".", 1)[0] + ".capture"
 #: how far up the stack :meth:`ReplayingCallback._tcb_nested` looks for replayed code: for a
 #: function found with no program (Dynamo compiled nothing in it at cold), and for one not found
 _NESTED_DEPTH = 64

@@ -14,7 +14,7 @@ from typing import Any
 from ..logs import log
 from .loader import _Rejected
 from .replay import always
-from .replay_resume import ResumeDispatch, ResumeFactory, ResumeRouter
+from .replay_resume import ResumeDispatch, ResumeFactory, ResumeRouter, as_python
 
 
 def build_resume(builder: Any, origin: str, global_name: str = "") -> Any:
@@ -40,7 +40,10 @@ def build_resume(builder: Any, origin: str, global_name: str = "") -> Any:
         code = builder._code(frame["code"])
         variants.append((always if checks is None else builder._per_call(checks), code))
     variants.reverse()  # newest first
-    compile_ = _resume_compiler(builder, group, origin)
+    if group.get("python") and not group.get("frames"):  # Dynamo compiled nothing in it at cold
+        compile_: Callable[[Any], Callable[..., Any]] = as_python(group["name"])
+    else:
+        compile_ = _resume_compiler(builder, group, origin)
     if group.get("factory"):
         dispatch: Any = ResumeFactory(variants, eager, builder.scope, group["name"], compile_)
     else:

@@ -38,6 +38,8 @@ def merge_programs(
     resumes = {k: dict(v, frames=list(v.get("frames", []))) for k, v in old.get("resumes", {}).items()}
     for origin, group in new.get("resumes", {}).items():
         mine = resumes.setdefault(origin, dict(group, frames=[]))
+        if group.get("python"):  # Dynamo ran it as Python in some process (used only while it has no frame)
+            mine["python"] = True
         for fid in group.get("frames", []):
             if fid not in mine["frames"]:
                 mine["frames"].append(fid)
