@@ -614,3 +614,29 @@ def test_a_continuation_dynamo_ran_as_python_stays_marked_when_programs_merge() 
         assert merged["resumes"]["o"].get("python") is True and files == {"c": b"x"}
     merged, _ = merge_programs(program(False), {"c": b"x"}, program(False), {"c": b"x"}, 4, ())
     assert not merged["resumes"]["o"].get("python")
+
+
+def test_resolving_a_frame_runs_no_user_attribute_code_on_class_attributes() -> None:
+    """Looking for ``__wrapped__`` on every class attribute must not call a user's ``__getattr__``."""
+    from torchair_cached_backend.bypass.frame_install import _resolve
+
+    calls = []
+
+    class Loud:
+        def __getattr__(self, name):
+            calls.append(name)
+            raise RuntimeError("must not be called")
+
+    class M:
+        loud = Loud()
+
+        def forward(self, x):
+            return x
+
+    def elsewhere(self, x):
+        return x
+
+    m = M()
+    assert _resolve(M.forward.__code__, {"self": m, "x": 1}, {}, None) == (M.forward, m)
+    assert _resolve(elsewhere.__code__, {"self": m, "x": 1}, {}, None) is None  # every attribute looked at
+    assert calls == []

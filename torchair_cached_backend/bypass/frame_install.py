@@ -390,8 +390,9 @@ def _runs(attr: Any, code: types.CodeType, closure: Any) -> types.FunctionType |
     for _ in range(_WRAPPED_DEPTH + 1):
         if isinstance(attr, types.FunctionType) and attr.__code__ is code and _same_cells(attr, closure):
             return attr
-        attr = getattr(attr, "__wrapped__", None)  # also through a non-function wrapper (lru_cache)
-        if attr is None:
+        try:  # read from the instance dict: never a user ``__getattr__`` or property on a class attribute
+            attr = vars(attr).get("__wrapped__")  # also through a non-function wrapper (lru_cache)
+        except TypeError:  # no ``__dict__``
             return None
     return None
 
