@@ -14,7 +14,7 @@ from typing import Any
 from ..logs import log
 from .loader import _Rejected
 from .replay import always
-from .replay_resume import ResumeDispatch, ResumeFactory, ResumeRouter, as_python
+from .replay_resume import ResumeDispatch, ResumeFactory, ResumeRouter, as_python, note_compiled_resume
 
 
 def build_resume(builder: Any, origin: str, global_name: str = "") -> Any:
@@ -73,6 +73,7 @@ def _resume_compiler(builder: Any, group: dict[str, Any], origin: str) -> Callab
         from ..backend import make_backend
         from .capture import adopt_resume
 
+        note_compiled_resume(group["name"])
         backend = make_backend(**{k: v for k, v in options.as_dict().items() if v is not None})
         adopt_resume(options.cache_dir, key, program, group, origin, fn.__code__, files[group["code"]], receiver,
                      options.max_variants)

@@ -43,7 +43,6 @@ class ResumeDispatch:
                 return fn(*args, **kwargs)
         if self.compile is not None:
             if self.compiled is None:
-                _compiled_resume(self.name, self.compile)
                 self.compiled = self.compile(self.eager)
             return self.compiled(*args, **kwargs)
         _eager_resume(self.name)
@@ -77,7 +76,6 @@ class ResumeFactory:
                     return types.FunctionType(code, scope, name, None, cells)(*args, **kwargs)
             eager = types.FunctionType(self.eager, scope, name, None, cells)
             if self.compile is not None:
-                _compiled_resume(name, self.compile)
                 return self.compile(eager)(*args, **kwargs)
             _eager_resume(name)
             return eager(*args, **kwargs)
@@ -96,17 +94,20 @@ def as_python(name: str) -> Callable[[Any], Callable[..., Any]]:
 
     def run_as_python(fn: Any) -> Any:
         counts["as_python"] += 1
-        log.info("npu_cached: the code after a graph break (%s) runs as Python, as Dynamo ran it at cold "
-                 "(it compiled nothing in it)", name)
+        if name not in _python_logged:
+            _python_logged.add(name)
+            log.info("npu_cached: the code after a graph break (%s) runs as Python, as Dynamo ran it at cold "
+                     "(it compiled nothing in it)", name)
         return fn
 
-    run_as_python.as_python = True  # type: ignore[attr-defined]
     return run_as_python
 
 
-def _compiled_resume(name: str, compile: Any = None) -> None:
-    if getattr(compile, "as_python", False):
-        return
+_python_logged: set[str] = set()
+
+
+def note_compiled_resume(name: str) -> None:
+    """A continuation no cached variant fits is compiled by Dynamo: a counted fallback, warned once."""
     if name not in _compiled_counted:
         _compiled_counted.add(name)
         record_fallback("code after a graph break compiled (no cached variant fits)")
