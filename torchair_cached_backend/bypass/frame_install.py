@@ -84,6 +84,8 @@ def install_route() -> None:
     def catch_errors_wrapper(callback: Any, hooks: Any) -> Any:
         options = _route_options(callback)
         if options is None:
+            if _loader_backend(callback):  # load()/cache_compile's own compiles: they trace, and mark
+                return NotingCallback(callback, hooks)
             return _original_wrapper(callback, hooks)  # type: ignore[misc]
         check_bisect_environment()
         return ReplayingCallback(callback, hooks, options)
@@ -113,6 +115,14 @@ def _route_options(callback: Any) -> Any:
     return options
 
 
+def _loader_backend(callback: Any) -> bool:
+    """Whether a ConvertFrame compiles for ``make_backend()``'s backend (``load()`` and
+    ``cache_compile``'s compiles, which tried the cache already and never replay here)."""
+    compiler_fn = getattr(callback, "_torchdynamo_orig_backend", None)
+    return compiler_fn is not None and any(getattr(fn, "replay_route", True) is False
+                                           for fn in backend_chain(compiler_fn))
+
+
 def _guards_chosen(compiler_fn: Any) -> bool:
     """Whether the user named ``guards`` in ``torch.compile(..., options=...)`` (or passed
     parsed options). Unnamed, the backend route checks every recorded guard on every call,
@@ -131,6 +141,26 @@ def _guards_chosen(compiler_fn: Any) -> bool:
 def _skip(recursive: bool) -> ConvertFrameReturn:
     second = FrameAction.SKIP if recursive else FrameAction.DEFAULT
     return ConvertFrameReturn(frame_exec_strategy=FrameExecStrategy(FrameAction.SKIP, second), apply_to_code=True)
+
+
+def _note_python_resume(code: types.CodeType, frame_state: Any, result: ConvertFrameReturn) -> None:
+    """A continuation Dynamo compiled nothing in (no guarded code): its group is marked, so
+    every route's warm start runs it as Python instead of handing it to Dynamo again."""
+    if frame_state is not None and result.guarded_code is None and code.co_name.startswith(RESUME_PREFIX):
+        capture = sys.modules.get(_CAPTURE)  # loaded where frames were captured (a cold start)
+        if capture is not None:
+            capture.note_python_resume(code)
+
+
+class NotingCallback(convert_frame.CatchErrorsWrapper):
+    """Dynamo's callback for ``load()``/``cache_compile``'s compiles: Dynamo's own path, which
+    the capture follows; this adds what the capture cannot see, a continuation Dynamo ran
+    as Python (:func:`_note_python_resume`)."""
+
+    def __call__(self, frame: Any, cache_entry: Any, frame_state: Any) -> ConvertFrameReturn:
+        result = super().__call__(frame, cache_entry, frame_state)
+        _note_python_resume(frame.f_code, frame_state, result)
+        return result
 
 
 class ReplayingCallback(convert_frame.CatchErrorsWrapper):
@@ -173,10 +203,7 @@ class ReplayingCallback(convert_frame.CatchErrorsWrapper):
                 convert_frame.input_codes.add(code)  # so torch._dynamo.reset() clears what we install
                 return result
         result = super().__call__(frame, cache_entry, frame_state)
-        if frame_state is not None and result.guarded_code is None and code.co_name.startswith(RESUME_PREFIX):
-            capture = sys.modules.get(_CAPTURE)  # loaded where frames were captured (a cold start)
-            if capture is not None:
-                capture.note_python_resume(code)
+        _note_python_resume(code, frame_state, result)
         return result
 
     def _tcb_torch_skip(self, frame: Any) -> ConvertFrameReturn | None:
