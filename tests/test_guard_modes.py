@@ -41,6 +41,9 @@ CODE = textwrap.dedent(
                 m.scale = 5.0  # after the warm start served its first call
                 out["after_mutation"] = same(f(x), m(x))
             out["replayed_first"] = replayed
+            if os.environ.get("DETERMINISTIC"):
+                torch.use_deterministic_algorithms(True)  # after the first call: the load-time checks ran
+                out["deterministic"] = same(f(x), m(x))
     emit({"out": out, "stats": stats(), "frames": frames(), "logs": LOGS})
     """
 )
@@ -53,6 +56,19 @@ def test_guards_call_checks_everything_on_every_call(run, tmp_path):
     assert all(warm["out"].values()), warm["out"]
     assert warm["stats"]["bypass_loads"] == 1 and warm["stats"]["fallbacks"] == 1, warm["stats"]
     assert any("self.scale: 2.0 -> 5.0" in line for line in warm["logs"]), warm["logs"]
+
+
+def test_deterministic_algorithms_switched_on_after_the_load_are_checked_per_call(run, tmp_path):
+    """A variant traced without deterministic algorithms (its kernels lowered without them, as
+    Inductor and GE lower) is not replayed once the process turns them on, as Dynamo's guard
+    would not replay it: the default ``guards="load"`` checks the mode on every call."""
+    env = {"ROOT": str(tmp_path)}
+    run(CODE, env=dict(env, PHASE="cold"))
+    warm = run(CODE, env=dict(env, PHASE="warm", DETERMINISTIC="1"))
+    assert all(warm["out"].values()), warm["out"]
+    assert warm["out"]["replayed_first"] and warm["stats"]["bypass_loads"] == 1, warm
+    assert warm["stats"]["fallbacks"] == 1, warm["stats"]  # the second call: no variant with that mode yet
+    assert any("deterministic algorithms" in line for line in warm["logs"]), warm["logs"]
 
 
 def test_guards_none_is_torchairs_unchecked_replay_and_says_so(run, tmp_path):

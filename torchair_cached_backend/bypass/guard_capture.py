@@ -489,7 +489,9 @@ class _Builder:
         self.add(f"(___default_dtype() is {self.const(dflt)})", "call", f"default dtype == {dflt}", "GLOBAL_STATE",
                  "___default_dtype()", dflt)
         det = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
-        self.add(f"(___deterministic() == {det!r})", "load", f"deterministic algorithms == {det}", "DETERMINISTIC_ALGORITHMS",
+        # per call, as Dynamo's global-state guard: ``use_deterministic_algorithms`` is switched in a
+        # running process too, and a kernel lowered without it (Inductor, GE) must not serve it
+        self.add(f"(___deterministic() == {det!r})", "call", f"deterministic algorithms == {det}", "DETERMINISTIC_ALGORITHMS",
                  "___deterministic()", det)
         # Dynamo never compiles under a TorchDispatchMode (the call runs eagerly, through the mode)
         self.add("(not ___dispatch_len() or not ___user_dispatch_mode())", "call", "no torch dispatch mode is active", "DISPATCH_MODE",
