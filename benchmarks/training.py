@@ -17,7 +17,10 @@ Targets (issue 15): warm backend route <= plain torch.compile's warm first step;
 ``load()`` first step within 3x eager's first step; steady-state step within 1.05x of
 torch.compile's.
 
-    python benchmarks/training.py [--models gpt,llama] [--repeat 1] [--steps 10]
+    python benchmarks/training.py [--models gpt,llama,gpt2_hf] [--repeat 1] [--steps 10]
+
+``gpt2_hf``: transformers' GPT-2 trained with ``labels=`` (its loss property logs a warning once: a
+graph break whose continuation Dynamo compiles nothing in; ``load()``'s warm start runs it as Python).
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ sys.path.insert(0, HERE)
 from harness import report, spawn, write_outputs  # noqa: E402
 
 MODES = ("eager", "compile_cold", "compile_warm", "ours_cold", "ours_warm", "ours_load", "steady_ab")
-MODELS = ("gpt", "llama")
+MODELS = ("gpt", "llama", "gpt2_hf")
 
 
 def _model(name: str):  # noqa: ANN202 - torch is imported inside the child only
@@ -63,6 +66,12 @@ def _model(name: str):  # noqa: ANN202 - torch is imported inside the child only
         model = LlamaForCausalLM(config)
         ids = torch.randint(0, 256, (2, 32))
         return model.train(), lambda fn: fn(input_ids=ids, labels=ids).loss
+    if name == "gpt2_hf":  # transformers GPT-2 with labels: its loss property logs once, a graph break
+        sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
+        import hf_tiny
+
+        model, inputs = hf_tiny.build("gpt2")
+        return model.train(), lambda fn: fn(**inputs, labels=inputs["input_ids"]).loss
     raise ValueError(f"unknown model {name!r}; choose from {', '.join(MODELS)}")
 
 

@@ -590,6 +590,44 @@ emit({"want": want, "got": got, "frames": frames(), "as_python": replay_resume.c
 ''', env={"ROOT": str(tmp_path)})
     assert out["got"] == pytest.approx(out["want"], rel=1e-5), out
     assert out["as_python"] >= 1 and out["stats"]["fallbacks"] == 0 and out["frames"] == 0, out
+    # GPT2LMHeadModel.forward sits under two decorators (can_return_tuple's wrapper calls
+    # deprecate_kwarg's through its cell, which calls the forward through its own): compiled on
+    # its own at cold, it replays too (it ran as plain Python, at eager speed, before)
+    assert out["stats"]["bypass_loads"] == 2, out
+
+
+def test_a_method_reached_through_decorator_cells_replays_under_load(tmp_path) -> None:
+    """A forward under two ``functools.wraps`` decorators with a graph break inside: Dynamo
+    compiles the outer wrapper and the forward as frames of their own; ``load()`` replays both
+    (the replayed wrapper's cell leads to the forward's own replay, for this instance only)."""
+    code = PRELUDE + r'''
+def deco2(fn):
+    def outer(self, *args, **kwargs):
+        return fn(self, *args, **kwargs)
+    return outer
+
+class TwoDeco(Net):
+    @deco2
+    @deco
+    def forward(self, x):
+        y = self.a(x) * self.scale
+        print("", end="")  # a graph break inside the decorated forward
+        return self.b(self.act(y))
+
+root = os.environ["ROOT"]
+with torch.no_grad():
+    model, other = build(TwoDeco), build(TwoDeco, seed=1)
+    fn = tcb.load(model, root, compiler="eager")
+    got = fn(X4)
+    plain = TwoDeco.forward(other, X4)  # another instance through the class: its own forward
+emit({"ok": close(got, model(X4)), "other": close(plain, other(X4)), "frames": frames(),
+      "stats": tcb.stats().as_dict()})
+'''
+    cold = run_python(code, env={"ROOT": str(tmp_path)})
+    assert cold["ok"] and cold["frames"] >= 2, cold
+    warm = run_python(code, env={"ROOT": str(tmp_path)})
+    assert warm["ok"] and warm["other"], warm
+    assert warm["frames"] == 0 and warm["stats"]["bypass_loads"] == 2 and warm["stats"]["fallbacks"] == 0, (warm["stats"], warm.get("logs"))
 
 
 def test_a_frame_is_resolved_through_decorators_that_record_what_they_wrap() -> None:

@@ -325,6 +325,58 @@ def _method_name(cls: type, code: types.CodeType) -> str | None:
     return None
 
 
+def _wrapped_method(cls: type, code: types.CodeType) -> tuple[str, list[str], types.FunctionType] | None:
+    """(method name, free variables leading to it, wrapper) of a decorator's wrapper in ``cls``
+    whose closure holds, through at most :data:`_CELL_DEPTH` wrappers, the function running
+    ``code`` (transformers' GPT-2: ``forward`` is ``can_return_tuple``'s wrapper, its cell
+    ``func`` ``deprecate_kwarg``'s, whose cell ``func`` the decorated forward); class dicts and
+    cells only, never a user's attribute code."""
+    for klass in cls.__mro__:
+        for name, attr in vars(klass).items():
+            if type(attr) is types.FunctionType and attr.__closure__:
+                path = _cell_path(attr, code, _CELL_DEPTH)
+                if path:
+                    return name, path, attr
+    return None
+
+
+def _above_wrappers(f: Any, wrapper: types.FunctionType, path: list[str]) -> Any:
+    """The frame above the inner wrappers ``path`` passes through (each the caller's frame,
+    running that wrapper's code, or Dynamo's transformed code of it with no graph), else None."""
+    from torch._dynamo.utils import orig_code_map
+
+    codes, fn = [], wrapper
+    for free in path[:-1]:
+        fn = fn.__closure__[fn.__code__.co_freevars.index(free)].cell_contents
+        codes.append(fn.__code__)
+    for code in reversed(codes):
+        if f is None or (f.f_code is not code and orig_code_map.get(f.f_code) is not code):
+            return None
+        f = f.f_back
+    return f
+
+
+#: how many decorator wrappers :func:`_wrapped_method` looks through
+_CELL_DEPTH = 4
+
+
+def _cell_path(fn: types.FunctionType, code: types.CodeType, depth: int) -> list[str] | None:
+    for free, cell in zip(fn.__code__.co_freevars, fn.__closure__ or (), strict=False):
+        try:
+            value = cell.cell_contents
+        except ValueError:  # an empty cell
+            continue
+        if type(value) is not types.FunctionType:
+            continue
+        if value.__code__ is code:
+            return [free]
+        if depth > 1 and value.__closure__:
+            rest = _cell_path(value, code, depth - 1)
+            if rest:
+                return [free, *rest]
+    return None
+
+
 def _note_caller(code: types.CodeType, bound: Any, options: Any, compiler: str) -> None:
     """Record a compiled method (a submodule's forward, a helper) in the program of the
     frame that called it at run time, so a warm start installs its replay there:
@@ -340,11 +392,17 @@ def _note_caller(code: types.CodeType, bound: Any, options: Any, compiler: str) 
     if isinstance(bound, type):
         return
     attr = _method_name(type(bound), code) if bound is not None else None
-    if bound is not None and attr is None:
-        return
+    cell = wrapper = None
+    if bound is not None and attr is None:  # a decorated method's own function, called by its wrapper
+        found = _wrapped_method(type(bound), code)
+        if found is None:
+            return
+        attr, cell, wrapper = found
     f = sys._getframe(2)
     while f is not None and _internal(f.f_code.co_filename):
         f = f.f_back
+    if wrapper is not None:  # up through the inner wrappers (plain Python frames) to the recorded wrapper
+        f = _above_wrappers(f, wrapper, cell)
     if f is None:
         return
     caller = f.f_code
@@ -386,14 +444,21 @@ def _note_caller(code: types.CodeType, bound: Any, options: Any, compiler: str) 
             return
     else:
         return
+    if wrapper is not None and builder is None:  # the wrapper's frame, in which Dynamo compiled nothing
+        from torch._dynamo.utils import orig_code_map
+
+        caller = orig_code_map.get(caller) or caller  # (Dynamo's code for it, with no graph, is the same)
+    if wrapper is not None and (path != "" or (caller is not wrapper.__code__ if builder is None else
+                                               builder.fingerprint != code_codec.code_fingerprint(wrapper.__code__))):
+        return  # only the wrapper's own program (or its frame Dynamo skipped) calls it through its cell
     if builder is None:
         identity = function_identity(caller, f.f_globals.get("__name__"), type_path(recv))
         fingerprint = code_codec.code_fingerprint(caller)
         builder = _builder_for(identity, fingerprint, compiler, options)
         builder.eager_root = True
-    elif path == "" and attr == _method_name(type(recv), caller):
+    elif path == "" and cell is None and attr == _method_name(type(recv), caller):
         return
-    callee = {"path": path, "attr": attr}
+    callee = {"path": path, "attr": attr} if cell is None else {"path": path, "attr": attr, "cell": cell}
     if callee not in builder.callees:
         builder.callees.append(callee)
         builder.publish()

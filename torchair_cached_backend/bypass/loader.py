@@ -97,6 +97,11 @@ def build_replay(
         warn_once("guards-none", "npu_cached: guards='none': warm starts replay without checking what Dynamo "
                   "specialized on (torchair's behaviour); a changed model or input is not detected")
     builder = _ReplayBuilder(files, program, options, func, bound_self, key)
+    stand_ins: list[Any] = []
+    if program.get("callees") and bound_self is not None and not isinstance(bound_self, type):
+        from .loader_callees import cell_callees
+
+        builder.cells, stand_ins = cell_callees(func, bound_self, program["callees"])
     variants: list[Variant] = []
     rejected: list[str] = []
     for variant in reversed(program.get("variants", [])):  # newest first, as Dynamo's cache
@@ -109,7 +114,7 @@ def build_replay(
         # Python, as under torch.compile, and the methods it calls replay (installed below)
         log.info("npu_cached: %s itself runs as Python (Dynamo skipped its frame); the methods it calls replay",
                  name)
-        variants.append(Variant(always, func, None))
+        variants.append(Variant(always, builder.with_cells(func), None))
     if not variants:
         why = " | ".join(list(dict.fromkeys(rejected))[:2]) or "it has no variant"
         if len(rejected) > 2:
@@ -131,6 +136,10 @@ def build_replay(
         from .loader_callees import install_callees
 
         install_callees(bound_self, program["callees"], options, name)
+    if stand_ins:  # methods reached through a decorator's cell (``loader_callees``)
+        from .loader_callees import install_cell_callees
+
+        install_cell_callees(stand_ins, bound_self, options, name)
     dt = time.perf_counter() - t0
     record(bypass_loads=1, load_seconds=dt)
     log.info("npu_cached bypass load %s (%s, %d of %d variant(s)) in %.3fs", name, compiler_name,
@@ -224,6 +233,8 @@ class _ReplayBuilder:
         self.context: dict[str, dict[str, Any]] = {}
         self.consts: dict[str, Any] = {}  # decoded guard constants, shared by the program's frames
         self.renames: dict[str, str] = {}
+        #: free variable -> stand-in: a decorator's cell holding a method compiled on its own (``loader_callees``)
+        self.cells: dict[str, Any] = {}
         if program.get("callees"):  # methods / helpers Dynamo compiled on their own (``loader_callees``)
             from .loader_callees import global_callees
 
@@ -254,8 +265,8 @@ class _ReplayBuilder:
         for name, value in pending.items():
             self.scope[name] = value
         code = self._code(frame["code"])
-        fn: Callable[..., Any] = types.FunctionType(code, self.scope, code.co_name, site.__defaults__,
-                                                    site.__closure__)
+        closure = self._closure(site.__closure__) if site is self.func else site.__closure__
+        fn: Callable[..., Any] = types.FunctionType(code, self.scope, code.co_name, site.__defaults__, closure)
         fn.__kwdefaults__ = site.__kwdefaults__  # type: ignore[attr-defined]
         used = ((self.options.cache_dir, self.key), fid)
         if checks is not None and self.lazy_full and not frame.get("wrapper") and self._checks_all(checks):
@@ -264,6 +275,24 @@ class _ReplayBuilder:
         if frame.get("wrapper") and self.bound_self is not None:  # inner(*args): called without the receiver
             fn, check = _without_receiver(fn), _without_receiver(check)
         return Variant(check, fn, checks, used)
+
+    def _closure(self, closure: Any) -> Any:
+        """The function's cells, those leading to a method replayed on its own swapped for its
+        stand-in (``self.cells``, ``loader_callees``); the checks keep the function's own."""
+        if not self.cells or not closure:
+            return closure
+        return tuple(types.CellType(self.cells[n]) if n in self.cells else c
+                     for n, c in zip(self.func.__code__.co_freevars, closure, strict=True))
+
+    def with_cells(self, func: types.FunctionType) -> types.FunctionType:
+        """``func`` itself, or (a frame Dynamo skipped at cold, run as Python) a copy with :meth:`_closure`."""
+        if not self.cells:
+            return func
+        copy = types.FunctionType(func.__code__, func.__globals__, func.__name__, func.__defaults__,
+                                  self._closure(func.__closure__))
+        copy.__kwdefaults__ = func.__kwdefaults__
+        copy.__qualname__ = func.__qualname__
+        return copy
 
     def _site(self, frame: dict[str, Any]) -> Any:
         """What the frame's function is made with: the replayed function's defaults and

@@ -20,6 +20,80 @@ from .loader import CacheMiss
 from .replay import ReplayedFunction
 
 
+class CellCallee:
+    """Stands in a decorator wrapper's cell (``func`` of transformers' ``can_return_tuple``)
+    for the function it wraps, in the replayed wrapper only: called with the replay's
+    receiver, the wrapped method's own replay (installed once built); anything else, the
+    function itself. The wrapper's checks keep reading the real cell."""
+
+    __slots__ = ("fn", "receiver", "replay")
+
+    def __init__(self, fn: types.FunctionType, receiver: Any) -> None:
+        self.fn = fn
+        self.receiver = receiver
+        self.replay: Callable[..., Any] | None = None
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        replay = self.replay
+        if replay is not None and args and args[0] is self.receiver:
+            return replay(*args[1:], **kwargs)
+        return self.fn(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:  # ``func.__name__`` and the like, as the function's
+        return getattr(self.fn, name)
+
+
+def cell_callees(func: types.FunctionType, bound_self: Any,
+                 callees: list[dict[str, Any]]) -> tuple[dict[str, Any], list[CellCallee]]:
+    """Stand-ins for the cells of ``func`` (a decorator's wrapper) leading to a method Dynamo
+    compiled on its own (a graph break inside the decorated forward): free variable -> the
+    value the replayed wrapper's cell holds instead: a :class:`CellCallee`, or a copy of an
+    inner wrapper whose own cell holds it (the copies share everything else); and the
+    :class:`CellCallee` stand-ins, whose replays :func:`install_cell_callees` builds."""
+    out: dict[str, Any] = {}
+    stand_ins: list[CellCallee] = []
+    for callee in callees:
+        path = callee.get("cell")
+        if not path or callee.get("path") or not isinstance(path, list) or path[0] in out:
+            continue
+        value = _swapped(func, [str(p) for p in path], bound_self, stand_ins)
+        if value is not None:
+            out[path[0]] = value
+    return out, stand_ins
+
+
+def install_cell_callees(stand_ins: list[CellCallee], bound_self: Any, options: BackendOptions, name: str) -> None:
+    """The replay of each method a decorator's cell leads to (else a stand-in that compiles it)."""
+    for stand_in in stand_ins:
+        stand_in.replay = _replay_or_stand_in(types.MethodType(stand_in.fn, bound_self), options, name)
+
+
+def _swapped(fn: types.FunctionType, path: list[str], bound_self: Any, stand_ins: list[CellCallee]) -> Any:
+    freevars = fn.__code__.co_freevars
+    if path[0] not in freevars or not fn.__closure__:
+        return None
+    try:
+        value = fn.__closure__[freevars.index(path[0])].cell_contents
+    except ValueError:  # an empty cell
+        return None
+    if type(value) is not types.FunctionType:
+        return None
+    if len(path) == 1:
+        stand_in = CellCallee(value, bound_self)
+        stand_ins.append(stand_in)
+        return stand_in
+    inner = _swapped(value, path[1:], bound_self, stand_ins)
+    if inner is None or not value.__closure__:
+        return None
+    names = value.__code__.co_freevars
+    closure = tuple(types.CellType(inner) if n == path[1] else c for n, c in zip(names, value.__closure__, strict=True))
+    copy = types.FunctionType(value.__code__, value.__globals__, value.__name__, value.__defaults__, closure)
+    copy.__kwdefaults__ = value.__kwdefaults__
+    copy.__dict__.update(value.__dict__)
+    copy.__qualname__ = value.__qualname__
+    return copy
+
+
 def install_callees(bound_self: Any, callees: list[dict[str, str]], options: BackendOptions, name: str) -> None:
     """Methods the function calls that Dynamo compiled on their own (a graph break
     inside a layer's forward or a helper): each gets its own replay, installed on the
@@ -29,6 +103,8 @@ def install_callees(bound_self: Any, callees: list[dict[str, str]], options: Bac
     import torch
 
     for callee in callees:
+        if callee.get("cell"):  # reached through a decorator's cell: ``install_cell_callees``
+            continue
         path, attr = callee.get("path", ""), callee.get("attr", "")
         try:
             owner = bound_self.get_submodule(path) if path else bound_self
@@ -56,6 +132,16 @@ def install_callees(bound_self: Any, callees: list[dict[str, str]], options: Bac
             replay = _stand_in(method, options, miss)
         if isinstance(owner, torch.nn.Module) or hasattr(owner, "__dict__"):
             owner.__dict__[attr] = replay
+
+
+def _replay_or_stand_in(method: Any, options: BackendOptions, name: str) -> Callable[..., Any]:
+    try:
+        return loader.build_replay(method, options)
+    except CacheMiss as miss:
+        log.info("npu_cached: %s calls %s: %s; compiling it instead", name, method.__func__.__qualname__, miss)
+        from .loader_miss import _stand_in  # only a miss needs it
+
+        return _stand_in(method, options, miss)
 
 
 def global_callees(builder: Any, callees: list[dict[str, str]]) -> dict[str, str]:
