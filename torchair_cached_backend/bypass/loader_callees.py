@@ -40,6 +40,8 @@ class CellCallee:
         return self.fn(*args, **kwargs)
 
     def __getattr__(self, name: str) -> Any:  # ``func.__name__`` and the like, as the function's
+        if name in CellCallee.__slots__:  # not set yet (a copy made without __init__): no recursion
+            raise AttributeError(name)
         return getattr(self.fn, name)
 
 
