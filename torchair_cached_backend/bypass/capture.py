@@ -325,42 +325,27 @@ def _method_name(cls: type, code: types.CodeType) -> str | None:
     return None
 
 
-def _wrapped_method(cls: type, code: types.CodeType) -> tuple[str, list[str], types.FunctionType] | None:
-    """(method name, free variables leading to it, wrapper) of a decorator's wrapper in ``cls``
-    whose closure holds, through at most :data:`_CELL_DEPTH` wrappers, the function running
-    ``code`` (transformers' GPT-2: ``forward`` is ``can_return_tuple``'s wrapper, its cell
-    ``func`` ``deprecate_kwarg``'s, whose cell ``func`` the decorated forward); class dicts and
-    cells only, never a user's attribute code."""
+def _wrapped_method(cls: type, code: types.CodeType) -> tuple[str, list[tuple[str, types.FunctionType]],
+                                                                types.FunctionType] | None:
+    """(method name, (free variable, function it holds) down to it, wrapper) of a decorator's
+    wrapper in ``cls`` whose closure holds, through at most :data:`_CELL_DEPTH` wrappers, the
+    function running ``code`` (transformers' GPT-2: ``forward`` is ``can_return_tuple``'s
+    wrapper, its cell ``func`` ``deprecate_kwarg``'s, whose cell ``func`` the decorated
+    forward); class dicts and cells only, never a user's attribute code."""
     for klass in cls.__mro__:
         for name, attr in vars(klass).items():
             if type(attr) is types.FunctionType and attr.__closure__:
-                path = _cell_path(attr, code, _CELL_DEPTH)
-                if path:
-                    return name, path, attr
+                chain = _cell_chain(attr, code, _CELL_DEPTH)
+                if chain:
+                    return name, chain, attr
     return None
-
-
-def _above_wrappers(f: Any, wrapper: types.FunctionType, path: list[str]) -> Any:
-    """The frame above the inner wrappers ``path`` passes through (each the caller's frame,
-    running that wrapper's code, or Dynamo's transformed code of it with no graph), else None."""
-    from torch._dynamo.utils import orig_code_map
-
-    codes, fn = [], wrapper
-    for free in path[:-1]:
-        fn = fn.__closure__[fn.__code__.co_freevars.index(free)].cell_contents
-        codes.append(fn.__code__)
-    for code in reversed(codes):
-        if f is None or (f.f_code is not code and orig_code_map.get(f.f_code) is not code):
-            return None
-        f = f.f_back
-    return f
 
 
 #: how many decorator wrappers :func:`_wrapped_method` looks through
 _CELL_DEPTH = 4
 
 
-def _cell_path(fn: types.FunctionType, code: types.CodeType, depth: int) -> list[str] | None:
+def _cell_chain(fn: types.FunctionType, code: types.CodeType, depth: int) -> list[tuple[str, types.FunctionType]] | None:
     for free, cell in zip(fn.__code__.co_freevars, fn.__closure__ or (), strict=False):
         try:
             value = cell.cell_contents
@@ -369,12 +354,29 @@ def _cell_path(fn: types.FunctionType, code: types.CodeType, depth: int) -> list
         if type(value) is not types.FunctionType:
             continue
         if value.__code__ is code:
-            return [free]
+            return [(free, value)]
         if depth > 1 and value.__closure__:
-            rest = _cell_path(value, code, depth - 1)
+            rest = _cell_chain(value, code, depth - 1)
             if rest:
-                return [free, *rest]
+                return [(free, value), *rest]
     return None
+
+
+def _original_code(code: types.CodeType) -> types.CodeType:
+    """``code``, or the code Dynamo transformed into it (with no graph it behaves the same)."""
+    from torch._dynamo.utils import orig_code_map
+
+    return orig_code_map.get(code) or code
+
+
+def _above_wrappers(f: Any, chain: list[tuple[str, types.FunctionType]]) -> Any:
+    """The frame above the inner wrappers of ``chain`` (each the caller's frame, running that
+    wrapper's code or Dynamo's transformed code of it), else None."""
+    for _, fn in reversed(chain[:-1]):
+        if f is None or _original_code(f.f_code) is not fn.__code__:
+            return None
+        f = f.f_back
+    return f
 
 
 def _note_caller(code: types.CodeType, bound: Any, options: Any, compiler: str) -> None:
@@ -392,17 +394,17 @@ def _note_caller(code: types.CodeType, bound: Any, options: Any, compiler: str) 
     if isinstance(bound, type):
         return
     attr = _method_name(type(bound), code) if bound is not None else None
-    cell = wrapper = None
+    chain = wrapper = None
     if bound is not None and attr is None:  # a decorated method's own function, called by its wrapper
         found = _wrapped_method(type(bound), code)
         if found is None:
             return
-        attr, cell, wrapper = found
+        attr, chain, wrapper = found
     f = sys._getframe(2)
     while f is not None and _internal(f.f_code.co_filename):
         f = f.f_back
-    if wrapper is not None:  # up through the inner wrappers (plain Python frames) to the recorded wrapper
-        f = _above_wrappers(f, wrapper, cell)
+    if chain is not None:  # up through the inner wrappers (plain Python frames) to the recorded wrapper
+        f = _above_wrappers(f, chain)
     if f is None:
         return
     caller = f.f_code
@@ -445,9 +447,7 @@ def _note_caller(code: types.CodeType, bound: Any, options: Any, compiler: str) 
     else:
         return
     if wrapper is not None and builder is None:  # the wrapper's frame, in which Dynamo compiled nothing
-        from torch._dynamo.utils import orig_code_map
-
-        caller = orig_code_map.get(caller) or caller  # (Dynamo's code for it, with no graph, is the same)
+        caller = _original_code(caller)
     if wrapper is not None and (path != "" or (caller is not wrapper.__code__ if builder is None else
                                                builder.fingerprint != code_codec.code_fingerprint(wrapper.__code__))):
         return  # only the wrapper's own program (or its frame Dynamo skipped) calls it through its cell
@@ -456,9 +456,11 @@ def _note_caller(code: types.CodeType, bound: Any, options: Any, compiler: str) 
         fingerprint = code_codec.code_fingerprint(caller)
         builder = _builder_for(identity, fingerprint, compiler, options)
         builder.eager_root = True
-    elif path == "" and cell is None and attr == _method_name(type(recv), caller):
+    elif path == "" and chain is None and attr == _method_name(type(recv), caller):
         return
-    callee = {"path": path, "attr": attr} if cell is None else {"path": path, "attr": attr, "cell": cell}
+    callee: dict[str, Any] = {"path": path, "attr": attr}
+    if chain is not None:
+        callee["cell"] = [free for free, _ in chain]
     if callee not in builder.callees:
         builder.callees.append(callee)
         builder.publish()

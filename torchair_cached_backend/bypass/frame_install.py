@@ -82,10 +82,11 @@ def install_route() -> None:
     _original_wrapper = convert_frame.catch_errors_wrapper
 
     def catch_errors_wrapper(callback: Any, hooks: Any) -> Any:
-        options = _route_options(callback)
+        compiler_fn = getattr(callback, "_torchdynamo_orig_backend", None)
+        if compiler_fn is not None and _loader_compiler(compiler_fn):
+            return NotingCallback(callback, hooks)  # load()/cache_compile's own compiles: they trace, and mark
+        options = _route_options(compiler_fn)
         if options is None:
-            if _loader_backend(callback):  # load()/cache_compile's own compiles: they trace, and mark
-                return NotingCallback(callback, hooks)
             return _original_wrapper(callback, hooks)  # type: ignore[misc]
         check_bisect_environment()
         return ReplayingCallback(callback, hooks, options)
@@ -97,13 +98,9 @@ def install_route() -> None:
     _installed = True
 
 
-def _route_options(callback: Any) -> Any:
-    """The options of the ``npu_cached`` backend behind a ConvertFrame, else None."""
-    compiler_fn = getattr(callback, "_torchdynamo_orig_backend", None)
+def _route_options(compiler_fn: Any) -> Any:
+    """The options of the ``npu_cached`` backend ``compiler_fn`` (a ConvertFrame's), else None."""
     if compiler_fn is None:
-        return None
-    # make_backend()'s: the loader's own compiles (they tried the cache)
-    if any(getattr(fn, "replay_route", True) is False for fn in backend_chain(compiler_fn)):
         return None
     try:
         options = backend_options(compiler_fn)
@@ -115,12 +112,10 @@ def _route_options(callback: Any) -> Any:
     return options
 
 
-def _loader_backend(callback: Any) -> bool:
-    """Whether a ConvertFrame compiles for ``make_backend()``'s backend (``load()`` and
-    ``cache_compile``'s compiles, which tried the cache already and never replay here)."""
-    compiler_fn = getattr(callback, "_torchdynamo_orig_backend", None)
-    return compiler_fn is not None and any(getattr(fn, "replay_route", True) is False
-                                           for fn in backend_chain(compiler_fn))
+def _loader_compiler(compiler_fn: Any) -> bool:
+    """Whether ``compiler_fn`` is (or wraps) ``make_backend()``'s backend: ``load()`` and
+    ``cache_compile``'s compiles, which tried the cache already and never replay here."""
+    return any(getattr(fn, "replay_route", True) is False for fn in backend_chain(compiler_fn))
 
 
 def _guards_chosen(compiler_fn: Any) -> bool:
@@ -143,27 +138,23 @@ def _skip(recursive: bool) -> ConvertFrameReturn:
     return ConvertFrameReturn(frame_exec_strategy=FrameExecStrategy(FrameAction.SKIP, second), apply_to_code=True)
 
 
-def _note_python_resume(code: types.CodeType, frame_state: Any, result: ConvertFrameReturn) -> None:
-    """A continuation Dynamo compiled nothing in (no guarded code): its group is marked, so
-    every route's warm start runs it as Python instead of handing it to Dynamo again."""
-    if frame_state is not None and result.guarded_code is None and code.co_name.startswith(RESUME_PREFIX):
-        capture = sys.modules.get(_CAPTURE)  # loaded where frames were captured (a cold start)
-        if capture is not None:
-            capture.note_python_resume(code)
-
-
 class NotingCallback(convert_frame.CatchErrorsWrapper):
-    """Dynamo's callback for ``load()``/``cache_compile``'s compiles: Dynamo's own path, which
-    the capture follows; this adds what the capture cannot see, a continuation Dynamo ran
-    as Python (:func:`_note_python_resume`)."""
+    """Dynamo's own path, which the capture follows, plus what the capture cannot see: a
+    continuation Dynamo compiled nothing in (no guarded code) is marked in its group, so
+    every route's warm start runs it as Python instead of handing it to Dynamo again. As is,
+    the callback of ``load()``/``cache_compile``'s compiles."""
 
     def __call__(self, frame: Any, cache_entry: Any, frame_state: Any) -> ConvertFrameReturn:
         result = super().__call__(frame, cache_entry, frame_state)
-        _note_python_resume(frame.f_code, frame_state, result)
+        code = frame.f_code
+        if frame_state is not None and result.guarded_code is None and code.co_name.startswith(RESUME_PREFIX):
+            capture = sys.modules.get(_CAPTURE)  # loaded where frames were captured (a cold start)
+            if capture is not None:
+                capture.note_python_resume(code)
         return result
 
 
-class ReplayingCallback(convert_frame.CatchErrorsWrapper):
+class ReplayingCallback(NotingCallback):
     """Dynamo's callback for one ``npu_cached`` backend: replay a cached program when
     one fits the frame, else Dynamo's own path."""
 
@@ -202,9 +193,7 @@ class ReplayingCallback(convert_frame.CatchErrorsWrapper):
             if result is not None:
                 convert_frame.input_codes.add(code)  # so torch._dynamo.reset() clears what we install
                 return result
-        result = super().__call__(frame, cache_entry, frame_state)
-        _note_python_resume(code, frame_state, result)
-        return result
+        return super().__call__(frame, cache_entry, frame_state)  # Dynamo's path (and the mark)
 
     def _tcb_torch_skip(self, frame: Any) -> ConvertFrameReturn | None:
         """Dynamo's own answer for a torch frame it skips (in a skip-listed file, or already

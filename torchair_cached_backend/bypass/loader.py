@@ -114,7 +114,12 @@ def build_replay(
         # Python, as under torch.compile, and the methods it calls replay (installed below)
         log.info("npu_cached: %s itself runs as Python (Dynamo skipped its frame); the methods it calls replay",
                  name)
-        variants.append(Variant(always, builder.with_cells(func), None))
+        runs = func
+        if builder.cells:  # its cells leading to a method replayed on its own hold that method's stand-in
+            from .loader_callees import with_cells
+
+            runs = with_cells(func, builder.cells)
+        variants.append(Variant(always, runs, None))
     if not variants:
         why = " | ".join(list(dict.fromkeys(rejected))[:2]) or "it has no variant"
         if len(rejected) > 2:
@@ -265,7 +270,11 @@ class _ReplayBuilder:
         for name, value in pending.items():
             self.scope[name] = value
         code = self._code(frame["code"])
-        closure = self._closure(site.__closure__) if site is self.func else site.__closure__
+        closure = site.__closure__
+        if self.cells and site is self.func:  # the checks (built above) keep the function's own cells
+            from .loader_callees import swapped_closure
+
+            closure = swapped_closure(self.func, self.cells)
         fn: Callable[..., Any] = types.FunctionType(code, self.scope, code.co_name, site.__defaults__, closure)
         fn.__kwdefaults__ = site.__kwdefaults__  # type: ignore[attr-defined]
         used = ((self.options.cache_dir, self.key), fid)
@@ -275,24 +284,6 @@ class _ReplayBuilder:
         if frame.get("wrapper") and self.bound_self is not None:  # inner(*args): called without the receiver
             fn, check = _without_receiver(fn), _without_receiver(check)
         return Variant(check, fn, checks, used)
-
-    def _closure(self, closure: Any) -> Any:
-        """The function's cells, those leading to a method replayed on its own swapped for its
-        stand-in (``self.cells``, ``loader_callees``); the checks keep the function's own."""
-        if not self.cells or not closure:
-            return closure
-        return tuple(types.CellType(self.cells[n]) if n in self.cells else c
-                     for n, c in zip(self.func.__code__.co_freevars, closure, strict=True))
-
-    def with_cells(self, func: types.FunctionType) -> types.FunctionType:
-        """``func`` itself, or (a frame Dynamo skipped at cold, run as Python) a copy with :meth:`_closure`."""
-        if not self.cells:
-            return func
-        copy = types.FunctionType(func.__code__, func.__globals__, func.__name__, func.__defaults__,
-                                  self._closure(func.__closure__))
-        copy.__kwdefaults__ = func.__kwdefaults__
-        copy.__qualname__ = func.__qualname__
-        return copy
 
     def _site(self, frame: dict[str, Any]) -> Any:
         """What the frame's function is made with: the replayed function's defaults and

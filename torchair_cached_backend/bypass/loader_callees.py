@@ -67,7 +67,8 @@ def cell_callees(func: types.FunctionType, bound_self: Any,
 def install_cell_callees(stand_ins: list[CellCallee], bound_self: Any, options: BackendOptions, name: str) -> None:
     """The replay of each method a decorator's cell leads to (else a stand-in that compiles it)."""
     for stand_in in stand_ins:
-        stand_in.replay = _replay_or_stand_in(types.MethodType(stand_in.fn, bound_self), options, name)
+        stand_in.replay = _replay_or_stand_in(types.MethodType(stand_in.fn, bound_self), options, name,
+                                              stand_in.fn.__qualname__)
 
 
 def _swapped(fn: types.FunctionType, path: list[str], bound_self: Any, stand_ins: list[CellCallee]) -> Any:
@@ -85,14 +86,23 @@ def _swapped(fn: types.FunctionType, path: list[str], bound_self: Any, stand_ins
         stand_ins.append(stand_in)
         return stand_in
     inner = _swapped(value, path[1:], bound_self, stand_ins)
-    if inner is None or not value.__closure__:
-        return None
-    names = value.__code__.co_freevars
-    closure = tuple(types.CellType(inner) if n == path[1] else c for n, c in zip(names, value.__closure__, strict=True))
-    copy = types.FunctionType(value.__code__, value.__globals__, value.__name__, value.__defaults__, closure)
-    copy.__kwdefaults__ = value.__kwdefaults__
-    copy.__dict__.update(value.__dict__)
-    copy.__qualname__ = value.__qualname__
+    return None if inner is None else with_cells(value, {path[1]: inner})
+
+
+def swapped_closure(fn: types.FunctionType, cells: dict[str, Any]) -> tuple[Any, ...] | None:
+    """``fn``'s closure with the cells named in ``cells`` holding those values instead (new cells)."""
+    if not cells or not fn.__closure__:
+        return fn.__closure__
+    return tuple(types.CellType(cells[n]) if n in cells else c
+                 for n, c in zip(fn.__code__.co_freevars, fn.__closure__, strict=True))
+
+
+def with_cells(fn: types.FunctionType, cells: dict[str, Any]) -> types.FunctionType:
+    """A copy of ``fn`` with :func:`swapped_closure` (everything else shared)."""
+    copy = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__, swapped_closure(fn, cells))
+    copy.__kwdefaults__ = fn.__kwdefaults__
+    copy.__dict__.update(fn.__dict__)
+    copy.__qualname__ = fn.__qualname__
     return copy
 
 
@@ -124,26 +134,20 @@ def install_callees(bound_self: Any, callees: list[dict[str, str]], options: Bac
             log.info("npu_cached: %s: %s.%s is set on the instance; its cached program is not installed",
                      name, path or "self", attr)
             continue
-        method = types.MethodType(func, owner)
-        try:
-            replay: Callable[..., Any] = loader.build_replay(method, options)
-        except CacheMiss as miss:
-            log.info("npu_cached: %s calls %s.%s: %s; compiling it instead", name, path or "self", attr, miss)
-            from .loader_miss import _stand_in  # only a miss needs it
-
-            replay = _stand_in(method, options, miss)
+        replay = _replay_or_stand_in(types.MethodType(func, owner), options, name, f"{path or 'self'}.{attr}")
         if isinstance(owner, torch.nn.Module) or hasattr(owner, "__dict__"):
             owner.__dict__[attr] = replay
 
 
-def _replay_or_stand_in(method: Any, options: BackendOptions, name: str) -> Callable[..., Any]:
+def _replay_or_stand_in(target: Any, options: BackendOptions, caller: str, called: str) -> Callable[..., Any]:
+    """The replay of ``target`` (a callee of ``caller``), or on a miss a stand-in that compiles it."""
     try:
-        return loader.build_replay(method, options)
+        return loader.build_replay(target, options)
     except CacheMiss as miss:
-        log.info("npu_cached: %s calls %s: %s; compiling it instead", name, method.__func__.__qualname__, miss)
+        log.info("npu_cached: %s calls %s: %s; compiling it instead", caller, called, miss)
         from .loader_miss import _stand_in  # only a miss needs it
 
-        return _stand_in(method, options, miss)
+        return _stand_in(target, options, miss)
 
 
 def global_callees(builder: Any, callees: list[dict[str, str]]) -> dict[str, str]:
@@ -158,13 +162,6 @@ def global_callees(builder: Any, callees: list[dict[str, str]]) -> dict[str, str
             continue
         ours = "___tcb_callee_" + hashlib.sha256(f"{func.__module__}.{func.__qualname__}".encode()).hexdigest()[:16]
         if not isinstance(builder.scope.get(ours), ReplayedFunction):
-            try:
-                replay: Callable[..., Any] = loader.build_replay(func, builder.options)
-            except CacheMiss as miss:
-                log.info("npu_cached: %s calls %s: %s; compiling it instead", builder.func.__qualname__, name, miss)
-                from .loader_miss import _stand_in
-
-                replay = _stand_in(func, builder.options, miss)
-            builder.scope[ours] = replay
+            builder.scope[ours] = _replay_or_stand_in(func, builder.options, builder.func.__qualname__, name)
         renames[name] = ours
     return renames
