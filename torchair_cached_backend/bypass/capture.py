@@ -62,7 +62,7 @@ DYNAMO_PREFIXES = ("__compiled_fn", "__import_", "___module_", "__builtins_dict_
 _TORCHAIR_TENSOR_ATTRS = ("dim_gears",)
 _BY_ID = re.compile(r"_\d+_c\d+$")  # Dynamo's install_global_by_id names
 #: id(transformed code) -> (code, builder, receiver name): recorded frames, to find who calls a compiled method
-_out_codes: dict[int, tuple[types.CodeType, ProgramBuilder, str | None]] = {}
+_out_codes: dict[int, tuple[types.CodeType, ProgramBuilder, str | None]] = {}  # id -> (code, builder, receiver ref)
 _INTERNAL_DIRS = (os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,
                   os.path.dirname(os.path.abspath(torch.__file__)) + os.sep)
 _EVAL_FRAME = os.path.join("_dynamo", "eval_frame.py")
@@ -242,7 +242,7 @@ def _record(code: types.CodeType, out_code: types.CodeType) -> None:
             if first is not None and first.options is not None and first.options.cache_dir != builder.cache_dir:
                 continue  # this compile of the resume code belongs to another backend's cache
             fid = _add_frame(builder, code, out_code, output, names, graphs, receiver, resume_of=origin)
-            _out_codes[id(out_code)] = (out_code, builder, _receiver_name(receiver))
+            _out_codes[id(out_code)] = (out_code, builder, receiver)
             group = builder.resumes[origin]
             if fid not in group["frames"]:
                 group["frames"].append(fid)
@@ -279,7 +279,7 @@ def _record(code: types.CodeType, out_code: types.CodeType) -> None:
         fingerprint = code_codec.code_fingerprint(code)
     builder = _builder_for(identity, fingerprint, compiler, options)
     fid = _add_frame(builder, code, out_code, output, names, graphs, receiver, resume_of=None, wrapper=wrapper)
-    _out_codes[id(out_code)] = (out_code, builder, _receiver_name(receiver))
+    _out_codes[id(out_code)] = (out_code, builder, receiver)
     if all(v["root"] != fid for v in builder.variants):
         builder.variants.append(
             {"root": fid, "tensor_state": tensor_state(bound), "created": round(time.time(), 3)}
@@ -304,10 +304,6 @@ def _wrap_inline_target(code: types.CodeType, local_scope: dict[str, Any]) -> tu
     if isinstance(target, types.FunctionType):
         return target, None, "function"
     return None
-
-
-def _receiver_name(receiver: str | None) -> str | None:
-    return receiver.split("'")[1] if receiver and receiver.endswith("']") else None
 
 
 def _internal(filename: str) -> bool:
@@ -369,14 +365,23 @@ def _original_code(code: types.CodeType) -> types.CodeType:
     return orig_code_map.get(code) or code
 
 
-def _above_wrappers(f: Any, chain: list[tuple[str, types.FunctionType]]) -> Any:
-    """The frame above the inner wrappers of ``chain`` (each the caller's frame, running that
-    wrapper's code or Dynamo's transformed code of it), else None."""
-    for _, fn in reversed(chain[:-1]):
+def _above_wrappers(f: Any, wrapper: types.FunctionType, chain: list[tuple[str, types.FunctionType]]
+                   ) -> tuple[Any, types.FunctionType, list[tuple[str, types.FunctionType]]]:
+    """Up from ``f`` (the wrapped method's caller) through the inner wrappers of ``chain``
+    (each the caller's frame, running that wrapper's code or Dynamo's transformed code of
+    it): (the outermost wrapper's frame, ``wrapper``, ``chain``), or, when Dynamo compiled an
+    inner wrapper's frame (a program of its own: transformers' ``can_return_tuple`` under
+    ``deprecate_kwarg``), (that frame, that wrapper, the rest of the chain below it): the
+    wrapped method is its callee. The frame is None when the stack is not the chain's."""
+    for k in range(len(chain) - 1, 0, -1):
+        fn = chain[k - 1][1]
         if f is None or _original_code(f.f_code) is not fn.__code__:
-            return None
+            return None, wrapper, chain
+        owner = _out_codes.get(id(f.f_code))
+        if owner is not None and owner[0] is f.f_code:
+            return f, fn, chain[k:]
         f = f.f_back
-    return f
+    return f, wrapper, chain
 
 
 def _note_caller(code: types.CodeType, bound: Any, options: Any, compiler: str) -> None:
@@ -384,13 +389,13 @@ def _note_caller(code: types.CodeType, bound: Any, options: Any, compiler: str) 
     frame that called it at run time, so a warm start installs its replay there:
 
     * the caller is Dynamo's transformed code of a recorded frame (the callee ran at a
-      graph break of the caller: a ``print``/``.item()`` inside a layer);
+      graph break of the caller: a ``print``/``.item()`` inside a layer), also through frames
+      in which Dynamo compiled nothing (they run as Python at warm too: transformers'
+      ``GradientCheckpointingLayer.__call__``, a decorator's wrapper);
     * or the caller is the very frame ``torch.compile`` was asked to compile, which
       Dynamo skipped (a graph break inside a loop over layers): its program says so
       (``eager_root``), and the warm start runs it as Dynamo did, its callees replayed.
     """
-    import torch
-
     if isinstance(bound, type):
         return
     attr = _method_name(type(bound), code) if bound is not None else None
@@ -403,56 +408,35 @@ def _note_caller(code: types.CodeType, bound: Any, options: Any, compiler: str) 
     f = sys._getframe(2)
     while f is not None and _internal(f.f_code.co_filename):
         f = f.f_back
-    if chain is not None:  # up through the inner wrappers (plain Python frames) to the recorded wrapper
-        f = _above_wrappers(f, chain)
+    if chain is not None:  # up through the inner wrappers to the outermost one (or one with a program)
+        f, wrapper, chain = _above_wrappers(f, wrapper, chain)
     if f is None:
         return
-    caller = f.f_code
-    owner = _out_codes.get(id(caller))
     if bound is None:  # a module-level function, called by its global name from a recorded frame
-        if owner is None or owner[0] is not caller:
-            return
-        for name in caller.co_names:
-            value = f.f_globals.get(name)
-            if getattr(value, "__code__", None) is code:
-                callee = {"global": name}
-                if callee not in owner[1].callees:
-                    owner[1].callees.append(callee)
-                    owner[1].publish()
+        _note_global_caller(f, code)
+        return
+    found_caller = _recorded_caller(f)
+    if found_caller is None:
+        return  # plain code calling a compiled method: nobody to attach it to
+    g, builder, ref = found_caller
+    recv = receiver_value(ref, g.f_locals) if ref is not None else None
+    if recv is None or not _is_receiver(g.f_code, recv, g.f_globals):
+        return
+    path = _module_path(recv, bound)
+    if path is None:
+        return
+    caller = g.f_code
+    if wrapper is not None:
+        if g is f:  # the wrapper's own frame: its own program (or its frame Dynamo skipped) calls it through its cell
+            if builder is None:
+                caller = _original_code(caller)  # Dynamo's no-graph transformed code of the wrapper
+            if path != "" or (caller is not wrapper.__code__ if builder is None else
+                              builder.fingerprint != code_codec.code_fingerprint(wrapper.__code__)):
                 return
-        return
-    if owner is not None and owner[0] is caller:
-        builder, receiver_name = owner[1], owner[2]
-    else:
-        builder, receiver_name = None, None
-        g = f.f_back
-        while g is not None and _internal(g.f_code.co_filename):
-            if g.f_code.co_filename.endswith(_EVAL_FRAME):
-                receiver_name = caller.co_varnames[0] if caller.co_argcount else None
-                break
-            g = g.f_back
-        if receiver_name is None:
-            return  # plain code calling a compiled method: nobody to attach it to
-    if receiver_name is None:
-        return
-    recv = f.f_locals.get(receiver_name)
-    if recv is None or not _is_receiver(caller, recv, f.f_globals):
-        return
-    if recv is bound:
-        path = ""
-    elif isinstance(recv, torch.nn.Module):
-        path = next((name for name, mod in recv.named_modules() if mod is bound and name), None)
-        if path is None:
-            return
-    else:
-        return
-    if wrapper is not None and builder is None:  # the wrapper's frame, in which Dynamo compiled nothing
-        caller = _original_code(caller)
-    if wrapper is not None and (path != "" or (caller is not wrapper.__code__ if builder is None else
-                                               builder.fingerprint != code_codec.code_fingerprint(wrapper.__code__))):
-        return  # only the wrapper's own program (or its frame Dynamo skipped) calls it through its cell
+        elif path == "" or _original_code(f.f_code) is not wrapper.__code__:
+            return  # a submodule's wrapper, run as Python under the recorded caller: installed on the submodule
     if builder is None:
-        identity = function_identity(caller, f.f_globals.get("__name__"), type_path(recv))
+        identity = function_identity(caller, g.f_globals.get("__name__"), type_path(recv))
         fingerprint = code_codec.code_fingerprint(caller)
         builder = _builder_for(identity, fingerprint, compiler, options)
         builder.eager_root = True
@@ -464,6 +448,55 @@ def _note_caller(code: types.CodeType, bound: Any, options: Any, compiler: str) 
     if callee not in builder.callees:
         builder.callees.append(callee)
         builder.publish()
+
+
+#: how many frames Dynamo compiled nothing in :func:`_recorded_caller` looks through
+_PYTHON_HOPS = 8
+
+
+def _recorded_caller(f: Any) -> tuple[Any, ProgramBuilder | None, str | None] | None:
+    """(frame, its program's builder, receiver ref) of the nearest frame at or above ``f`` that
+    is a recorded frame (Dynamo's transformed code of a frame with a program), or the frame
+    ``torch.compile`` was asked to compile which Dynamo skipped (builder None: an eager root);
+    frames between (run as Python: Dynamo compiled nothing in them) and torch's own are passed.
+    None when neither is found within :data:`_PYTHON_HOPS` frames."""
+    for _ in range(_PYTHON_HOPS):
+        owner = _out_codes.get(id(f.f_code))
+        if owner is not None and owner[0] is f.f_code:
+            return f, owner[1], owner[2]
+        g = f.f_back
+        while g is not None and _internal(g.f_code.co_filename):
+            if g.f_code.co_filename.endswith(_EVAL_FRAME):
+                return f, None, receiver_ref(f.f_code, f.f_locals)
+            g = g.f_back
+        if g is None:
+            return None
+        f = g
+    return None
+
+
+def _module_path(recv: Any, bound: Any) -> str | None:
+    """``bound``'s path under ``recv`` ("" for ``recv`` itself), None when not a submodule."""
+    if recv is bound:
+        return ""
+    if isinstance(recv, torch.nn.Module):
+        return next((name for name, mod in recv.named_modules() if mod is bound and name), None)
+    return None
+
+
+def _note_global_caller(f: Any, code: types.CodeType) -> None:
+    caller = f.f_code
+    owner = _out_codes.get(id(caller))
+    if owner is None or owner[0] is not caller:
+        return
+    for name in caller.co_names:
+        value = f.f_globals.get(name)
+        if getattr(value, "__code__", None) is code:
+            callee = {"global": name}
+            if callee not in owner[1].callees:
+                owner[1].callees.append(callee)
+                owner[1].publish()
+            return
 
 
 def _is_receiver(code: types.CodeType, value: Any, scope: dict[str, Any]) -> bool:

@@ -172,6 +172,9 @@ class ReplayingCallback(NotingCallback):
         self._tcb_moded: set[int] = set()
         #: the replayed code objects installed here (kept alive, so their ids stay theirs)
         self._tcb_codes: dict[int, types.CodeType] = {}
+        #: codes run as Python under a replay (Dynamo compiled nothing in them at cold), kept alive
+        self._tcb_python: set[int] = set()
+        self._tcb_keep: list[types.CodeType] = []
 
     def __call__(self, frame: Any, cache_entry: Any, frame_state: Any) -> ConvertFrameReturn:
         code = frame.f_code
@@ -234,6 +237,9 @@ class ReplayingCallback(NotingCallback):
         if target is None:
             self._tcb_uncached.add(id(code))
             self._tcb_absent.add(id(code))
+            if code.co_name in _COMPREHENSIONS and self._tcb_in_python_parent():
+                counts["eager_nested"] += 1
+                return _skip(recursive=False)
             return self._tcb_nested(frame, _UNRESOLVED_DEPTH)
         func, receiver = target
         built = self._tcb_build(func, receiver, code)
@@ -242,6 +248,8 @@ class ReplayingCallback(NotingCallback):
         variants, kinds, program = built
         if not variants:  # Dynamo skipped this frame at cold start: it runs as Python, its callees replay
             counts["eager_root"] += 1
+            self._tcb_python.add(id(code))
+            self._tcb_keep.append(code)
             return _skip(recursive=False)
         options = self._tcb_options
         no_checks = options.guards == "none" or not options.check_inputs
@@ -289,9 +297,20 @@ class ReplayingCallback(NotingCallback):
         while caller is not None and depth < depth_limit:
             if id(caller.f_code) in self._tcb_codes and self._tcb_codes[id(caller.f_code)] is caller.f_code:
                 counts["eager_nested"] += 1
+                self._tcb_python.add(id(frame.f_code))
+                self._tcb_keep.append(frame.f_code)
                 return _skip(recursive=False)
             caller, depth = caller.f_back, depth + 1
         return None
+
+    def _tcb_in_python_parent(self) -> bool:
+        """Whether the nearest frame of user code on the stack (the comprehension's own
+        function) runs as Python under a replay: Dynamo compiled nothing in it at cold, and
+        what it would have inlined, a comprehension, it traced for nothing too."""
+        caller = sys._getframe(2)
+        while caller is not None and caller.f_code.co_filename.startswith((_PACKAGE_DIR, _TORCH_DIR)):
+            caller = caller.f_back
+        return caller is not None and id(caller.f_code) in self._tcb_python
 
     def _tcb_build(self, func: types.FunctionType, receiver: Any,
                    code: types.CodeType) -> tuple[list[Any], dict[str, str], dict[str, Any]] | None:
@@ -394,6 +413,8 @@ _CAPTURE = __name__.rsplit(".", 1)[0] + ".capture"
 #: function found with no program (Dynamo compiled nothing in it at cold), and for one not found
 _NESTED_DEPTH = 64
 _UNRESOLVED_DEPTH = 8
+#: code names of comprehensions (their own frames in Python 3.11, never found by :func:`_resolve`)
+_COMPREHENSIONS = frozenset({"<listcomp>", "<dictcomp>", "<setcomp>", "<genexpr>"})
 #: how many ``functools.wraps`` layers :func:`_runs` looks through (a method under decorators)
 _WRAPPED_DEPTH = 4
 
@@ -403,6 +424,9 @@ def _runs(attr: Any, code: types.CodeType, closure: Any) -> types.FunctionType |
     function it wraps (``__wrapped__``, as ``functools.wraps`` records it: transformers'
     ``capture_outputs`` and ``deprecate_kwarg`` put a wrapper in the class dict, and the
     decorated ``forward`` then runs as a frame of its own, called by the wrapper)."""
+    if isinstance(attr, property):  # a getter (``config.output_attentions``) or setter
+        return next((f for f in (attr.fget, attr.fset, attr.fdel) if isinstance(f, types.FunctionType)
+                     and f.__code__ is code and _same_cells(f, closure)), None)
     for _ in range(_WRAPPED_DEPTH + 1):
         if isinstance(attr, types.FunctionType) and attr.__code__ is code and _same_cells(attr, closure):
             return attr

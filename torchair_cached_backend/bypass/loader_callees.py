@@ -8,6 +8,7 @@ through ``loader.build_replay`` by its module attribute (``TCB_PROFILE`` wraps i
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import types
 from collections.abc import Callable
@@ -23,26 +24,60 @@ from .replay import ReplayedFunction
 class CellCallee:
     """Stands in a decorator wrapper's cell (``func`` of transformers' ``can_return_tuple``)
     for the function it wraps, in the replayed wrapper only: called with the replay's
-    receiver, the wrapped method's own replay (installed once built); anything else, the
-    function itself. The wrapper's checks keep reading the real cell."""
+    receiver, the wrapped method's own replay (built at that first call, see
+    :class:`LazyCallee`); anything else, the function itself. The wrapper's checks keep
+    reading the real cell."""
 
-    __slots__ = ("fn", "receiver", "replay")
+    __slots__ = ("fn", "receiver", "replay", "build")
 
     def __init__(self, fn: types.FunctionType, receiver: Any) -> None:
         self.fn = fn
         self.receiver = receiver
         self.replay: Callable[..., Any] | None = None
+        self.build: Callable[[], Callable[..., Any]] | None = None
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        replay = self.replay
-        if replay is not None and args and args[0] is self.receiver:
-            return replay(*args[1:], **kwargs)
+        if args and args[0] is self.receiver:
+            replay = self.replay
+            if replay is None and self.build is not None:
+                build, self.build = self.build, None
+                replay = self.replay = build()
+            if replay is not None:
+                return replay(*args[1:], **kwargs)
         return self.fn(*args, **kwargs)
 
     def __getattr__(self, name: str) -> Any:  # ``func.__name__`` and the like, as the function's
         if name in CellCallee.__slots__:  # not set yet (a copy made without __init__): no recursion
             raise AttributeError(name)
         return getattr(self.fn, name)
+
+
+class LazyCallee:
+    """A callee's replay, built at its first call: its load-time guards are then evaluated
+    where Dynamo evaluated them at cold, at the method's own frame entry, after the caller
+    ran what comes before the call (a wrapper setting module state, as ``kernels``'
+    ``use_kernelized_func`` does, is seen as the traced method saw it). Replaces itself on the
+    instance once built."""
+
+    __slots__ = ("owner", "attr", "target", "options", "caller", "called", "replay")
+
+    def __init__(self, owner: Any, attr: str, target: Any, options: BackendOptions, caller: str, called: str) -> None:
+        self.owner, self.attr, self.target = owner, attr, target
+        self.options, self.caller, self.called = options, caller, called
+        self.replay: Callable[..., Any] | None = None
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        replay = self.replay
+        if replay is None:
+            replay = self.replay = _replay_or_stand_in(self.target, self.options, self.caller, self.called)
+            if self.owner.__dict__.get(self.attr) is self:
+                self.owner.__dict__[self.attr] = replay
+        return replay(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:  # ``forward.__name__``, ``__wrapped__``: the method's
+        if name in LazyCallee.__slots__:
+            raise AttributeError(name)
+        return getattr(self.target, name)
 
 
 def cell_callees(func: types.FunctionType, bound_self: Any,
@@ -65,10 +100,11 @@ def cell_callees(func: types.FunctionType, bound_self: Any,
 
 
 def install_cell_callees(stand_ins: list[CellCallee], bound_self: Any, options: BackendOptions, name: str) -> None:
-    """The replay of each method a decorator's cell leads to (else a stand-in that compiles it)."""
+    """The replay of each method a decorator's cell leads to (else a stand-in that compiles
+    it), built at its first call."""
     for stand_in in stand_ins:
-        stand_in.replay = _replay_or_stand_in(types.MethodType(stand_in.fn, bound_self), options, name,
-                                              stand_in.fn.__qualname__)
+        stand_in.build = functools.partial(_replay_or_stand_in, types.MethodType(stand_in.fn, bound_self), options,
+                                           name, stand_in.fn.__qualname__)
 
 
 def _swapped(fn: types.FunctionType, path: list[str], bound_self: Any, stand_ins: list[CellCallee]) -> Any:
@@ -110,33 +146,85 @@ def install_callees(bound_self: Any, callees: list[dict[str, str]], options: Bac
     """Methods the function calls that Dynamo compiled on their own (a graph break
     inside a layer's forward or a helper): each gets its own replay, installed on the
     instance (``layer.forward``, ``self.helper``), so the replayed (or, for a frame
-    Dynamo skipped, plain) caller calls the replay. A callee with no usable program
-    gets a stand-in that compiles it (a counted fallback), never plain eager."""
+    Dynamo skipped, plain) caller calls the replay, built at its first call. A callee with
+    no usable program gets a stand-in that compiles it (a counted fallback), never plain eager.
+
+    A callee (``layers.0``) is installed on the other children of its parent of its class
+    too (``layers.1``...): at cold Dynamo compiled the first one's method and ran the
+    others' from its own cache (no recompile, so nothing recorded them); each gets its own
+    replay, checked for it at its first call."""
+    done: set[tuple[str, str]] = set()
+    for callee in callees:
+        path, attr = callee.get("path", ""), callee.get("attr", "")
+        if callee.get("cell") and not path:  # the replayed wrapper's own cell: ``install_cell_callees``
+            continue
+        for each in (path, *(_siblings(bound_self, path) if path else ())):
+            if (each, attr) not in done:
+                done.add((each, attr))
+                _install_callee(bound_self, each, callee, options, name)
+
+
+def _siblings(bound_self: Any, path: str) -> list[str]:
+    """Paths of the other children of ``path``'s parent module of its class (the other
+    layers of a ``ModuleList``, ``encoder.block2`` beside ``encoder.block1``)."""
+    parent, _, last = path.rpartition(".")
+    try:
+        container = bound_self.get_submodule(parent) if parent else bound_self
+        recorded = container.get_submodule(last)
+        children = list(container.named_children())
+    except (AttributeError, TypeError):
+        return []
+    prefix = f"{parent}." if parent else ""
+    return [prefix + child for child, module in children if child != last and type(module) is type(recorded)]
+
+
+def _install_callee(bound_self: Any, path: str, callee: dict[str, Any], options: BackendOptions, name: str) -> None:
     import torch
 
-    for callee in callees:
-        if callee.get("cell"):  # reached through a decorator's cell: ``install_cell_callees``
-            continue
-        path, attr = callee.get("path", ""), callee.get("attr", "")
-        try:
-            owner = bound_self.get_submodule(path) if path else bound_self
-        except (AttributeError, TypeError):
-            log.info("npu_cached: %s: callee %s.%s is not there; not installed", name, path or "self", attr)
-            continue
-        func = None
-        for klass in type(owner).__mro__:
-            if attr in vars(klass):
-                func = vars(klass)[attr]
-                break
-        if not isinstance(func, types.FunctionType):
-            continue
-        if attr in owner.__dict__ and not isinstance(owner.__dict__[attr], ReplayedFunction):
-            log.info("npu_cached: %s: %s.%s is set on the instance; its cached program is not installed",
-                     name, path or "self", attr)
-            continue
-        replay = _replay_or_stand_in(types.MethodType(func, owner), options, name, f"{path or 'self'}.{attr}")
-        if isinstance(owner, torch.nn.Module) or hasattr(owner, "__dict__"):
-            owner.__dict__[attr] = replay
+    attr = callee.get("attr", "")
+    try:
+        owner = bound_self.get_submodule(path) if path else bound_self
+    except (AttributeError, TypeError):
+        log.info("npu_cached: %s: callee %s.%s is not there; not installed", name, path or "self", attr)
+        return
+    func = None
+    for klass in type(owner).__mro__:
+        if attr in vars(klass):
+            func = vars(klass)[attr]
+            break
+    if not isinstance(func, types.FunctionType):
+        return
+    if attr in owner.__dict__ and not _ours(owner.__dict__[attr]):
+        log.info("npu_cached: %s: %s.%s is set on the instance; its cached program is not installed",
+                 name, path or "self", attr)
+        return
+    if not (isinstance(owner, torch.nn.Module) or hasattr(owner, "__dict__")):
+        return
+    cells = callee.get("cell")
+    if cells:  # a submodule's decorated method: its wrapper, run as Python, leads to the replay
+        stand_ins: list[CellCallee] = []
+        value = _swapped(func, [str(c) for c in cells], owner, stand_ins) if isinstance(cells, list) else None
+        if value is None:
+            log.info("npu_cached: %s: %s.%s no longer wraps what it wrapped; its cached program is not installed",
+                     name, path, attr)
+            return
+        install_cell_callees(stand_ins, owner, options, name)
+        copy = with_cells(func, {cells[0]: value})
+        copy.__dict__[_CELL_COPY] = True
+        owner.__dict__[attr] = types.MethodType(copy, owner)
+        return
+    owner.__dict__[attr] = LazyCallee(owner, attr, types.MethodType(func, owner), options, name,
+                                      f"{path or 'self'}.{attr}")
+
+
+#: marks our copy of a decorator's wrapper whose cell leads to a replay (installed on a submodule)
+_CELL_COPY = "_tcb_cell_replay"
+
+
+def _ours(value: Any) -> bool:
+    """An instance attribute a previous load installed (a replay, or a wrapper leading to one)."""
+    return isinstance(value, (ReplayedFunction, LazyCallee)) or (
+        isinstance(value, types.MethodType) and bool(getattr(value.__func__, "__dict__", {}).get(_CELL_COPY)))
 
 
 def _replay_or_stand_in(target: Any, options: BackendOptions, caller: str, called: str) -> Callable[..., Any]:

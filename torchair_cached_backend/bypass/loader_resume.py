@@ -84,7 +84,12 @@ def _resume_compiler(builder: Any, group: dict[str, Any], origin: str) -> Callab
 
 def _routed(builder: Any, group: dict[str, Any], eager: types.CodeType, dispatch: Any, global_name: str) -> Any:
     """The resume global is one name in the module's globals: when its variants check
-    this receiver, route by receiver, so every instance's replay keeps its own."""
+    this receiver, route by receiver, so every instance's replay keeps its own. Under
+    ``guards="call"`` they check everything per call against the receiver passed (none is
+    fixed): one dispatch serves every instance (the backend route installs one replayed
+    code for all the layers of a model, whose continuations then call this one global)."""
+    if builder.options.guards == "call":
+        return dispatch
     receiver = None
     for fid in group.get("frames", []):
         receiver = ((builder.frames.get(fid) or {}).get("guards") or {}).get("receiver") or receiver
