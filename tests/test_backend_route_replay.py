@@ -589,7 +589,12 @@ emit({"want": want, "got": got, "frames": frames(), "as_python": replay_resume.c
       "stats": tcb.stats().as_dict()})
 ''', env={"ROOT": str(tmp_path)})
     assert out["got"] == pytest.approx(out["want"], rel=1e-5), out
-    assert out["as_python"] >= 1 and out["stats"]["fallbacks"] == 0 and out["frames"] == 0, out
+    # transformers' ForCausalLMLoss, compiled on its own (the loss property logs: a graph break), is
+    # reached through a registry value load() cannot rebind: it runs as Python, said and counted
+    from torchair_cached_backend.bypass.loader_callees import UNREACHED
+
+    assert out["as_python"] >= 1 and out["frames"] == 0, out
+    assert out["stats"]["fallback_reasons"] == {UNREACHED: 1}, out
     # GPT2LMHeadModel.forward sits under two decorators (can_return_tuple's wrapper calls
     # deprecate_kwarg's through its cell, which calls the forward through its own): compiled on
     # its own at cold, it replays too (it ran as plain Python, at eager speed, before)

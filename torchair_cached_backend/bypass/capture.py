@@ -90,6 +90,9 @@ class ProgramBuilder:
         self.callees: list[dict[str, str]] = []
         #: Dynamo skipped this function's own frame (it runs as Python, its callees replayed)
         self.eager_root = False
+        #: (caller's builder, this function's name): recorded frames that reach this function through a
+        #: value ``load()`` cannot replace, noted as such once a frame of this program has a graph
+        self.unreached_by: list[tuple[ProgramBuilder, str]] = []
 
     def program(self) -> dict[str, Any]:
         return {
@@ -247,6 +250,9 @@ def _record(code: types.CodeType, out_code: types.CodeType) -> None:
             if fid not in group["frames"]:
                 group["frames"].append(fid)
             builder.publish()
+            if graphs:  # a graph after the break of a function its callers cannot reach: now worth saying
+                for caller, name in builder.unreached_by:
+                    _note_unreached(caller, name)
         return
     if code.co_name.startswith(RESUME_PREFIX):
         return  # a resume function nobody waits for
@@ -286,7 +292,7 @@ def _record(code: types.CodeType, out_code: types.CodeType) -> None:
         )
     builder.publish()
     if wrapper is None:
-        _note_caller(code, bound, options, compiler)
+        _note_caller(code, bound, options, compiler, builder if not graphs else None)
 
 
 def _wrap_inline_target(code: types.CodeType, local_scope: dict[str, Any]) -> tuple[Any, Any, str] | None:
@@ -384,7 +390,8 @@ def _above_wrappers(f: Any, wrapper: types.FunctionType, chain: list[tuple[str, 
     return f, wrapper, chain
 
 
-def _note_caller(code: types.CodeType, bound: Any, options: Any, compiler: str) -> None:
+def _note_caller(code: types.CodeType, bound: Any, options: Any, compiler: str,
+                 graphless: ProgramBuilder | None = None) -> None:
     """Record a compiled method (a submodule's forward, a helper) in the program of the
     frame that called it at run time, so a warm start installs its replay there:
 
@@ -400,20 +407,23 @@ def _note_caller(code: types.CodeType, bound: Any, options: Any, compiler: str) 
         return
     attr = _method_name(type(bound), code) if bound is not None else None
     chain = wrapper = None
-    if bound is not None and attr is None:  # a decorated method's own function, called by its wrapper
-        found = _wrapped_method(type(bound), code)
-        if found is None:
-            return
-        attr, chain, wrapper = found
     f = sys._getframe(2)
     while f is not None and _internal(f.f_code.co_filename):
         f = f.f_back
+    if bound is not None and attr is None:  # a decorated method's own function, called by its wrapper
+        found = _wrapped_method(type(bound), code)
+        if found is None:  # a function taking a module first (transformers' attention functions)
+            owner = _out_codes.get(id(f.f_code)) if f is not None else None
+            if owner is not None and owner[0] is f.f_code:
+                _note_unreached(owner[1], code.co_qualname, graphless)
+            return
+        attr, chain, wrapper = found
     if chain is not None:  # up through the inner wrappers to the outermost one (or one with a program)
         f, wrapper, chain = _above_wrappers(f, wrapper, chain)
     if f is None:
         return
     if bound is None:  # a module-level function, called by its global name from a recorded frame
-        _note_global_caller(f, code)
+        _note_global_caller(f, code, graphless)
         return
     found_caller = _recorded_caller(f)
     if found_caller is None:
@@ -423,7 +433,9 @@ def _note_caller(code: types.CodeType, bound: Any, options: Any, compiler: str) 
     if recv is None or not _is_receiver(g.f_code, recv, g.f_globals):
         return
     path = _module_path(recv, bound)
-    if path is None:
+    if path is None:  # a method of an object that is no submodule (a cache's): load() cannot install it
+        if builder is not None and g is f:
+            _note_unreached(builder, code.co_qualname, graphless)
         return
     caller = g.f_code
     if wrapper is not None:
@@ -484,7 +496,7 @@ def _module_path(recv: Any, bound: Any) -> str | None:
     return None
 
 
-def _note_global_caller(f: Any, code: types.CodeType) -> None:
+def _note_global_caller(f: Any, code: types.CodeType, graphless: ProgramBuilder | None) -> None:
     caller = f.f_code
     owner = _out_codes.get(id(caller))
     if owner is None or owner[0] is not caller:
@@ -497,6 +509,24 @@ def _note_global_caller(f: Any, code: types.CodeType) -> None:
                 owner[1].callees.append(callee)
                 owner[1].publish()
             return
+    _note_unreached(owner[1], code.co_qualname, graphless)  # called through a registry or a local variable
+
+
+def _note_unreached(builder: ProgramBuilder, name: str, graphless: ProgramBuilder | None = None) -> None:
+    """A function compiled as a frame of its own that the recorded frame calls through a value
+    ``load()`` cannot replace (a registry dict, a local variable, an object that is no
+    submodule): its warm start runs it as Python, so the program says so and it is counted.
+    ``graphless``: the function's own program, whose first frame has no graph: noted once a
+    frame after its break has one (a getter that logs, in which Dynamo compiled nothing, runs
+    as Python under every route: nothing to say)."""
+    if graphless is not None:
+        if (builder, name) not in graphless.unreached_by:
+            graphless.unreached_by.append((builder, name))
+        return
+    callee = {"unreached": name}
+    if callee not in builder.callees:
+        builder.callees.append(callee)
+        builder.publish()
 
 
 def _is_receiver(code: types.CodeType, value: Any, scope: dict[str, Any]) -> bool:

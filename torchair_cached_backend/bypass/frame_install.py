@@ -233,18 +233,24 @@ class ReplayingCallback(NotingCallback):
         if id(code) in self._tcb_uncached:
             return None
         local = frame.f_locals
-        target = _resolve(code, local, frame.f_globals, getattr(frame, "closure", None))
+        closure = getattr(frame, "closure", None)
+        target = _resolve(code, local, frame.f_globals, closure)
+        comprehension = target is None and code.co_name in _COMPREHENSIONS
+        if comprehension:  # its own frame (Python 3.11), filed under its code like a function
+            target = _comprehension(code, frame.f_globals, closure)
         if target is None:
             self._tcb_uncached.add(id(code))
             self._tcb_absent.add(id(code))
-            if code.co_name in _COMPREHENSIONS and self._tcb_in_python_parent():
-                counts["eager_nested"] += 1
-                return _skip(recursive=False)
             return self._tcb_nested(frame, _UNRESOLVED_DEPTH)
         func, receiver = target
         built = self._tcb_build(func, receiver, code)
         if built is None:
-            return self._tcb_nested(frame, _NESTED_DEPTH) if id(code) in self._tcb_absent else None
+            if id(code) not in self._tcb_absent:
+                return None
+            if comprehension and self._tcb_in_python_parent():  # no program: Dynamo compiled nothing in it
+                counts["eager_nested"] += 1
+                return _skip(recursive=False)
+            return self._tcb_nested(frame, _UNRESOLVED_DEPTH if comprehension else _NESTED_DEPTH)
         variants, kinds, program = built
         if not variants:  # Dynamo skipped this frame at cold start: it runs as Python, its callees replay
             counts["eager_root"] += 1
@@ -435,6 +441,14 @@ def _runs(attr: Any, code: types.CodeType, closure: Any) -> types.FunctionType |
         except TypeError:  # no ``__dict__``
             return None
     return None
+
+
+def _comprehension(code: types.CodeType, scope: dict[str, Any], closure: Any) -> tuple[Any, None] | None:
+    """A comprehension's frame as a function of its own (it has no other), to look its program up."""
+    cells = tuple(closure or ())
+    if len(cells) != len(code.co_freevars) or not all(isinstance(c, types.CellType) for c in cells):
+        return None
+    return types.FunctionType(code, scope, code.co_name, None, cells or None), None
 
 
 def _first_argument(code: types.CodeType, local: dict[str, Any]) -> Any:

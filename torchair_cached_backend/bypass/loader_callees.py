@@ -14,8 +14,9 @@ import types
 from collections.abc import Callable
 from typing import Any
 
-from ..logs import log
+from ..logs import log, warn_once
 from ..options import BackendOptions
+from ..stats import record_fallback
 from . import loader
 from .loader import CacheMiss
 from .replay import ReplayedFunction
@@ -155,6 +156,9 @@ def install_callees(bound_self: Any, callees: list[dict[str, str]], options: Bac
     replay, checked for it at its first call."""
     done: set[tuple[str, str]] = set()
     for callee in callees:
+        if callee.get("unreached"):
+            _unreached(name, str(callee["unreached"]))
+            continue
         path, attr = callee.get("path", ""), callee.get("attr", "")
         if callee.get("cell") and not path:  # the replayed wrapper's own cell: ``install_cell_callees``
             continue
@@ -162,6 +166,20 @@ def install_callees(bound_self: Any, callees: list[dict[str, str]], options: Bac
             if (each, attr) not in done:
                 done.add((each, attr))
                 _install_callee(bound_self, each, callee, options, name)
+
+
+def _unreached(caller: str, called: str) -> None:
+    """A function compiled on its own that ``caller`` reaches through a value ``load()`` cannot
+    replace: it runs as Python, counted once per load (the backend route replays it)."""
+    record_fallback(UNREACHED)
+    warn_once(f"unreached:{caller}:{called}", "npu_cached: %s calls %s, which Dynamo compiled as a frame of its own, "
+              "through a value load() cannot replace (a registry, a local variable, an object that is no "
+              "submodule): it runs as Python (counted in stats().fallbacks); torch.compile(model, "
+              "backend='npu_cached') replays it", caller, called)
+
+
+#: the fallback reason of :func:`_unreached`
+UNREACHED = "a function compiled on its own runs as Python (load() cannot reach it)"
 
 
 def _siblings(bound_self: Any, path: str) -> list[str]:
@@ -233,9 +251,14 @@ def _replay_or_stand_in(target: Any, options: BackendOptions, caller: str, calle
         return loader.build_replay(target, options)
     except CacheMiss as miss:
         log.info("npu_cached: %s calls %s: %s; compiling it instead", caller, called, miss)
-        from .loader_miss import _stand_in  # only a miss needs it
+        failure = miss
+    except Exception as exc:  # built at the callee's first call, inside the user's: never fail it
+        log.warning("npu_cached: %s calls %s: its replay could not be built (%s: %s); compiling it instead",
+                    caller, called, type(exc).__name__, exc)
+        failure = CacheMiss(f"the replay of {called} could not be built ({type(exc).__name__})")
+    from .loader_miss import _stand_in  # only a miss needs it
 
-        return _stand_in(target, options, miss)
+    return _stand_in(target, options, failure)
 
 
 def global_callees(builder: Any, callees: list[dict[str, str]]) -> dict[str, str]:
