@@ -306,15 +306,16 @@ _TARGETS = (
 )
 
 
-def _counted(load_failures: Callable[..., Any]) -> Callable[..., Any]:
-    """``GuardChecks.load_failures`` adding its function's check count to the load's line."""
+def _counted(load_holds: Callable[..., Any]) -> Callable[..., Any]:
+    """``GuardChecks.load_holds`` (every load-time evaluation goes through it) adding its
+    function's check count to the load's line."""
 
-    @functools.wraps(load_failures)
+    @functools.wraps(load_holds)
     def wrapper(checks: Any, *args: Any, **kwargs: Any) -> Any:
         loads = _loads()
         if loads:
             loads[-1].checks += int(checks.namespace.get("___load_checks", 0) or 0)
-        return load_failures(checks, *args, **kwargs)
+        return load_holds(checks, *args, **kwargs)
 
     return wrapper
 
@@ -330,8 +331,8 @@ def _wrap_targets(module_name: str) -> None:
             setattr(module, attr, timed(phase, fn))
     if module_name == f"{PACKAGE}.bypass.guard_runtime":
         checks = module.GuardChecks
-        if not getattr(checks.load_failures, "__wrapped_by_tcb_profile__", False):
-            checks.load_failures = _counted(timed("guards", checks.load_failures))
+        if not getattr(checks.load_holds, "__wrapped_by_tcb_profile__", False):
+            checks.load_holds = _counted(timed("guards", checks.load_holds))
     elif module_name == f"{PACKAGE}.bypass.loader" and not getattr(
             module.build_replay, "__wrapped_by_tcb_profile__", False):
         module.build_replay = profiled_load(module.build_replay)
