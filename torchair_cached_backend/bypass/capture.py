@@ -383,8 +383,7 @@ def _above_wrappers(f: Any, wrapper: types.FunctionType, chain: list[tuple[str, 
         fn = chain[k - 1][1]
         if f is None or _original_code(f.f_code) is not fn.__code__:
             return None, wrapper, chain
-        owner = _out_codes.get(id(f.f_code))
-        if owner is not None and owner[0] is f.f_code:
+        if _recorded(f) is not None:
             return f, fn, chain[k:]
         f = f.f_back
     return f, wrapper, chain
@@ -413,8 +412,8 @@ def _note_caller(code: types.CodeType, bound: Any, options: Any, compiler: str,
     if bound is not None and attr is None:  # a decorated method's own function, called by its wrapper
         found = _wrapped_method(type(bound), code)
         if found is None:  # a function taking a module first (transformers' attention functions)
-            owner = _out_codes.get(id(f.f_code)) if f is not None else None
-            if owner is not None and owner[0] is f.f_code:
+            owner = _recorded(f) if f is not None else None
+            if owner is not None:
                 _note_unreached(owner[1], code.co_qualname, graphless)
             return
         attr, chain, wrapper = found
@@ -466,6 +465,12 @@ def _note_caller(code: types.CodeType, bound: Any, options: Any, compiler: str,
 _PYTHON_HOPS = 8
 
 
+def _recorded(f: Any) -> tuple[types.CodeType, ProgramBuilder, str | None] | None:
+    """``_out_codes``' entry for the frame ``f`` when it runs Dynamo's transformed code of a recorded frame."""
+    owner = _out_codes.get(id(f.f_code))
+    return owner if owner is not None and owner[0] is f.f_code else None
+
+
 def _recorded_caller(f: Any) -> tuple[Any, ProgramBuilder | None, str | None] | None:
     """(frame, its program's builder, receiver ref) of the nearest frame at or above ``f`` that
     is a recorded frame (Dynamo's transformed code of a frame with a program), or the frame
@@ -473,8 +478,8 @@ def _recorded_caller(f: Any) -> tuple[Any, ProgramBuilder | None, str | None] | 
     frames between (run as Python: Dynamo compiled nothing in them) and torch's own are passed.
     None when neither is found within :data:`_PYTHON_HOPS` frames."""
     for _ in range(_PYTHON_HOPS):
-        owner = _out_codes.get(id(f.f_code))
-        if owner is not None and owner[0] is f.f_code:
+        owner = _recorded(f)
+        if owner is not None:
             return f, owner[1], owner[2]
         g = f.f_back
         while g is not None and _internal(g.f_code.co_filename):
@@ -497,10 +502,10 @@ def _module_path(recv: Any, bound: Any) -> str | None:
 
 
 def _note_global_caller(f: Any, code: types.CodeType, graphless: ProgramBuilder | None) -> None:
-    caller = f.f_code
-    owner = _out_codes.get(id(caller))
-    if owner is None or owner[0] is not caller:
+    owner = _recorded(f)
+    if owner is None:
         return
+    caller = f.f_code
     for name in caller.co_names:
         value = f.f_globals.get(name)
         if getattr(value, "__code__", None) is code:

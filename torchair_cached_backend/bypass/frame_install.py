@@ -173,8 +173,7 @@ class ReplayingCallback(NotingCallback):
         #: the replayed code objects installed here (kept alive, so their ids stay theirs)
         self._tcb_codes: dict[int, types.CodeType] = {}
         #: codes run as Python under a replay (Dynamo compiled nothing in them at cold), kept alive
-        self._tcb_python: set[int] = set()
-        self._tcb_keep: list[types.CodeType] = []
+        self._tcb_python: dict[int, types.CodeType] = {}
 
     def __call__(self, frame: Any, cache_entry: Any, frame_state: Any) -> ConvertFrameReturn:
         code = frame.f_code
@@ -254,8 +253,7 @@ class ReplayingCallback(NotingCallback):
         variants, kinds, program = built
         if not variants:  # Dynamo skipped this frame at cold start: it runs as Python, its callees replay
             counts["eager_root"] += 1
-            self._tcb_python.add(id(code))
-            self._tcb_keep.append(code)
+            self._tcb_python[id(code)] = code
             return _skip(recursive=False)
         options = self._tcb_options
         no_checks = options.guards == "none" or not options.check_inputs
@@ -303,8 +301,7 @@ class ReplayingCallback(NotingCallback):
         while caller is not None and depth < depth_limit:
             if id(caller.f_code) in self._tcb_codes and self._tcb_codes[id(caller.f_code)] is caller.f_code:
                 counts["eager_nested"] += 1
-                self._tcb_python.add(id(frame.f_code))
-                self._tcb_keep.append(frame.f_code)
+                self._tcb_python[id(frame.f_code)] = frame.f_code
                 return _skip(recursive=False)
             caller, depth = caller.f_back, depth + 1
         return None
@@ -316,7 +313,7 @@ class ReplayingCallback(NotingCallback):
         caller = sys._getframe(2)
         while caller is not None and caller.f_code.co_filename.startswith((_PACKAGE_DIR, _TORCH_DIR)):
             caller = caller.f_back
-        return caller is not None and id(caller.f_code) in self._tcb_python
+        return caller is not None and self._tcb_python.get(id(caller.f_code)) is caller.f_code
 
     def _tcb_build(self, func: types.FunctionType, receiver: Any,
                    code: types.CodeType) -> tuple[list[Any], dict[str, str], dict[str, Any]] | None:

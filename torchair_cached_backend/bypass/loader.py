@@ -372,8 +372,8 @@ class _ReplayBuilder:
                     except ValueError:  # an empty cell
                         continue
             if not checks.load_holds(local):
-                raise _Rejected("what it was specialized on changed: ", lambda: "; ".join(
-                    (checks.failures(local, ("load",)) or ["a load-time guard fails"])[:3]))
+                raise _Rejected("what it was specialized on changed: ",
+                                lambda: "; ".join(checks.load_failures(local)[:3]))
         return checks
 
     def _light_value(self, desc: dict[str, Any]) -> Any:

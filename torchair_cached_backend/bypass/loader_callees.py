@@ -212,11 +212,11 @@ def _install_callee(bound_self: Any, path: str, callee: dict[str, Any], options:
             break
     if not isinstance(func, types.FunctionType):
         return
+    if not (isinstance(owner, torch.nn.Module) or hasattr(owner, "__dict__")):
+        return
     if attr in owner.__dict__ and not _ours(owner.__dict__[attr]):
         log.info("npu_cached: %s: %s.%s is set on the instance; its cached program is not installed",
                  name, path or "self", attr)
-        return
-    if not (isinstance(owner, torch.nn.Module) or hasattr(owner, "__dict__")):
         return
     cells = callee.get("cell")
     if cells:  # a submodule's decorated method: its wrapper, run as Python, leads to the replay
