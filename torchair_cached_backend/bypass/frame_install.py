@@ -58,6 +58,7 @@ from .capture_hook import backend_chain, backend_options
 from .code_names import global_names, renamed
 from .guard_runtime import receiver_locals
 from .replay import global_module_hooks
+from .shared_load import SharedLoad
 from .signature import call_args
 from .sources import RESUME_PREFIX
 
@@ -174,6 +175,8 @@ class ReplayingCallback(NotingCallback):
         self._tcb_codes: dict[int, types.CodeType] = {}
         #: codes run as Python under a replay (Dynamo compiled nothing in them at cold), kept alive
         self._tcb_python: dict[int, types.CodeType] = {}
+        #: id(function) -> (function, what its receivers' loads share: a model's layers)
+        self._tcb_shared: dict[int, tuple[Any, SharedLoad]] = {}
 
     def __call__(self, frame: Any, cache_entry: Any, frame_state: Any) -> ConvertFrameReturn:
         code = frame.f_code
@@ -323,8 +326,11 @@ class ReplayingCallback(NotingCallback):
         hit = self._tcb_built.get(memo_key)
         if hit is not None and hit[4] is func and (hit[0] is None or hit[0]() is receiver):
             return hit[1], hit[2], hit[3]
+        shared = self._tcb_shared.get(id(func))
+        if shared is None or shared[0] is not func:
+            shared = self._tcb_shared[id(func)] = (func, SharedLoad())
         try:
-            variants, program, kinds = build_frame_variants(func, receiver, self._tcb_options)
+            variants, program, kinds = build_frame_variants(func, receiver, self._tcb_options, shared[1])
         except CacheMiss as miss:
             text = str(miss)
             self._tcb_uncached.add(id(code))

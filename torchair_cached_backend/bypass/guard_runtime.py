@@ -478,10 +478,11 @@ class GuardChecks:
     """
 
     __slots__ = ("call", "bind", "load_check", "receiver", "namespace", "_full", "_full_code", "_meta",
-                 "_meta_json", "_defaults")
+                 "_meta_json", "_defaults", "_decoded")
 
     def __init__(self, namespace: dict[str, Any], meta: list[dict[str, Any]] | None, receiver: str | None,
-                 full_code: bytes | None = None, meta_json: bytes | None = None) -> None:
+                 full_code: bytes | None = None, meta_json: bytes | None = None,
+                 decoded: tuple[dict[str, Any], str] | None = None) -> None:
         self.call: Callable[..., bool] = namespace["___call_check"]
         self.bind: Callable[..., dict[str, Any]] = namespace["___bind"]
         self.load_check: Callable[[dict[str, Any]], int] = namespace["___load_check"]
@@ -490,6 +491,7 @@ class GuardChecks:
         self._meta = meta if meta_json is None else None
         self._meta_json = meta_json
         self._defaults: tuple[Any, Any] | None = None
+        self._decoded = decoded  # (code objects by blob name, this blob's): the full check decoded once
         self.receiver = receiver
         self.namespace = namespace
 
@@ -497,7 +499,13 @@ class GuardChecks:
     def full(self) -> Callable[..., bool]:
         """Every guard per call; loaded on first use (``guards="call"``, an unfixed receiver)."""
         if self._full is None:
-            exec(code_codec.loads_code(_inflate(self._full_code), verified=True), self.namespace)  # noqa: S102 - ours, checksummed
+            memo, name = self._decoded or ({}, "")
+            code = memo.get(name + "#full")
+            if code is None:
+                code = code_codec.loads_code(_inflate(self._full_code), verified=True)
+                if self._decoded is not None:
+                    memo[name + "#full"] = code
+            exec(code, self.namespace)  # noqa: S102 - ours, checksummed
             self._full = self.namespace["___full_check"]
             if self._defaults is not None:
                 _bind_defaults(self._full, *self._defaults)
@@ -574,19 +582,30 @@ def build_checks(
     receiver: str | None,
     recv: Any = None,
     memo: dict[str, Any] | None = None,
+    decoded: tuple[dict[str, Any], str] | None = None,
 ) -> GuardChecks:
     """Rebuild a frame's checks: decode constants, exec the stored check module
     with ``scope`` (the live module globals) as ``___G``; ``recv`` is the bound
-    receiver a resume frame's receiver argument must be. (``meta``: unused since format 3, the
-    explanations travel in the blob.)"""
+    receiver a resume frame's receiver argument must be. ``decoded``: (code objects by
+    blob name, this blob's name), so the loads of one program decode it once (``shared_load``).
+    (``meta``: unused since format 3, the explanations travel in the blob.)"""
     namespace: dict[str, Any] = dict(HELPERS)
     namespace["___G"] = scope
     namespace["___recv"] = recv
-    for i, value in enumerate(decode_consts(consts, {} if memo is None else memo)):
-        namespace[f"___c{i}"] = value
+    table = None if decoded is None else decoded[0].get(decoded[1] + "#consts")
+    if table is None:
+        table = {f"___c{i}": value for i, value in enumerate(decode_consts(consts, {} if memo is None else memo))}
+        if decoded is not None:
+            decoded[0][decoded[1] + "#consts"] = table
+    namespace.update(table)
     checks_code, full_code, meta_json = unpack_checks(code_blob)
-    exec(code_codec.loads_code(checks_code, verified=True), namespace)  # noqa: S102 - ours, the store checked its sha256
-    return GuardChecks(namespace, None, receiver, full_code, meta_json)
+    code = None if decoded is None else decoded[0].get(decoded[1])
+    if code is None:
+        code = code_codec.loads_code(checks_code, verified=True)  # the store checked its sha256
+        if decoded is not None:
+            decoded[0][decoded[1]] = code
+    exec(code, namespace)  # noqa: S102 - ours, checksummed
+    return GuardChecks(namespace, None, receiver, full_code, meta_json, decoded)
 
 
 def decode_consts(consts: list[Any], memo: dict[Any, Any]) -> list[Any]:

@@ -40,6 +40,7 @@ from .dynamo_stub import module_for
 from .guard_runtime import CHECKS_FORMAT, GuardChecks, build_checks, receiver_locals
 from .program import PROGRAM_FORMAT, program_key, program_store, target_identity
 from .replay import ReplayedFunction, Variant, always
+from .shared_load import SharedLoad
 from .sources import stale_sources, tensor_state, tensor_state_difference
 
 
@@ -103,18 +104,20 @@ def resolve_target(target: Any) -> tuple[types.FunctionType, Any]:
 
 
 def build_replay(
-    target: Any, options: BackendOptions, fallback: Callable[[], Callable[..., Any]] | None = None
+    target: Any, options: BackendOptions, fallback: Callable[[], Callable[..., Any]] | None = None,
+    shared: SharedLoad | None = None,
 ) -> ReplayedFunction:
-    """Rebuild ``target`` from the cache or raise :class:`CacheMiss` saying why."""
+    """Rebuild ``target`` from the cache or raise :class:`CacheMiss` saying why. ``shared``:
+    what the loads of one program (a model's layers) share (``shared_load``)."""
     t0 = time.perf_counter()
     target = module_call_target(target)
     func, bound_self = resolve_target(target)
-    key, files, program, name = _cached_program(func, bound_self, options)
+    key, files, program, name = _cached_program(func, bound_self, options, shared)
     compiler_name = options.resolved_compiler()
     if options.guards == "none":
         warn_once("guards-none", "npu_cached: guards='none': warm starts replay without checking what Dynamo "
                   "specialized on (torchair's behaviour); a changed model or input is not detected")
-    builder = _ReplayBuilder(files, program, options, func, bound_self, key)
+    builder = _ReplayBuilder(files, program, options, func, bound_self, key, shared=shared)
     stand_ins: list[Any] = []
     if program.get("callees") and bound_self is not None and not isinstance(bound_self, type):
         from .loader_callees import cell_callees
@@ -158,11 +161,11 @@ def build_replay(
     if program.get("callees") and bound_self is not None and not isinstance(bound_self, type):
         from .loader_callees import install_callees
 
-        install_callees(bound_self, program["callees"], options, name)
+        install_callees(bound_self, program["callees"], options, name, builder.shared)
     if stand_ins:  # methods reached through a decorator's cell (``loader_callees``)
         from .loader_callees import install_cell_callees
 
-        install_cell_callees(stand_ins, bound_self, options, name)
+        install_cell_callees(stand_ins, bound_self, options, name, builder.shared.child("cells"))
     dt = time.perf_counter() - t0
     record(bypass_loads=1, load_seconds=dt)
     log.info("npu_cached bypass load %s (%s, %d of %d variant(s)) in %.3fs", name, compiler_name,
@@ -171,7 +174,7 @@ def build_replay(
 
 
 def _cached_program(
-    func: types.FunctionType, bound_self: Any, options: BackendOptions
+    func: types.FunctionType, bound_self: Any, options: BackendOptions, shared: SharedLoad | None = None
 ) -> tuple[str, dict[str, bytes], dict[str, Any], str]:
     """``(key, files, program, name)`` of the program cached for ``func`` bound to
     ``bound_self``, or :class:`CacheMiss` saying why (none stored, another format)."""
@@ -182,7 +185,7 @@ def _cached_program(
     name = getattr(func, "__qualname__", None) or identity["qualname"]  # a decorated forward keeps its own name
     key = program_key(identity, code_codec.code_fingerprint(code), compiler_name, options)
     store = program_store(options.cache_dir)
-    entry = store.load(key)
+    entry = store.load(key) if shared is None else shared.load(store, key)
     if entry is None:
         from .loader_miss import _why_missing
 
@@ -238,9 +241,12 @@ class _ReplayBuilder:
 
     def __init__(
         self, files: dict[str, bytes], program: dict[str, Any], options: BackendOptions, func: Any, bound_self: Any,
-        key: str = "", lazy_full: bool = False,
+        key: str = "", lazy_full: bool = False, shared: SharedLoad | None = None,
     ) -> None:
         self.key = key
+        #: what the loads of this program share (a model's layers); a fresh one when alone
+        self.shared = SharedLoad() if shared is None else shared
+        self._tensor_state: dict[str, list[Any]] | None = None
         #: the backend route: a root variant whose per-call check is the full check gets
         #: ``check=None`` (the full check is decoded where first used: ``frame_install``)
         self.lazy_full = lazy_full
@@ -264,7 +270,9 @@ class _ReplayBuilder:
             self.renames = global_callees(self, program["callees"])
 
     def _code(self, blob: str) -> types.CodeType:
-        code = code_codec.loads_code(self.files[blob], verified=True)  # the store checked its sha256
+        code = self.shared.codes.get(blob)
+        if code is None:
+            code = self.shared.codes[blob] = code_codec.loads_code(self.files[blob], verified=True)  # sha256 checked
         if not self.renames:
             return code
         from .code_names import renamed  # only programs with callees rename: not on every hit
@@ -279,7 +287,9 @@ class _ReplayBuilder:
             raise _Rejected(f"frame {fid} is missing from the program")
         self._frame_usable(frame)
         if self.bound_self is not None and variant.get("tensor_state") is not None:
-            diffs = tensor_state_difference(variant["tensor_state"], tensor_state(self.bound_self) or {})
+            if self._tensor_state is None:
+                self._tensor_state = tensor_state(self.bound_self) or {}
+            diffs = tensor_state_difference(variant["tensor_state"], self._tensor_state)
             if diffs:
                 raise _Rejected(f"parameters/buffers changed ({'; '.join(diffs[:3])})")
         site = self._site(frame)
@@ -336,7 +346,12 @@ class _ReplayBuilder:
     def _frame_usable(self, frame: dict[str, Any]) -> None:
         if frame.get("unsupported"):
             raise _Rejected(f"it was not replayable when captured: {frame['unsupported']}")
-        stale = stale_sources(frame.get("traced", []))
+        blob = frame.get("code")
+        stale = self.shared.stale.get(blob) if blob else None
+        if stale is None:
+            stale = stale_sources(frame.get("traced", []))
+            if blob:
+                self.shared.stale[blob] = stale
         if stale:
             raise _Rejected(f"code changed since caching ({'; '.join(stale[:3])})")
 
@@ -353,16 +368,21 @@ class _ReplayBuilder:
         for name, desc in frame.get("globals", {}).items():  # guards may read Dynamo's (renamed) globals
             if desc["kind"] in ("module", "builtins", "value") and name not in self.values:
                 self.values[name] = self.scope[name] = self._light_value(desc)  # _globals reuses it
-        try:
-            checks = build_checks(self.files[guards["code"]], guards.get("consts", []), guards.get("meta", []),
-                                  self.scope, receiver, self.bound_self if resume and bound else None, self.consts)
-        except code_codec.CodecError as exc:
-            raise _Rejected(f"a value its guards compare with cannot be rebuilt here: {exc}") from exc
-        kwdefaults = dict(site.__kwdefaults__ or {}) if not resume else {}
-        if guards.get("uses_cells") and not resume:
-            kwdefaults["___cells"] = site.__closure__ or ()
-        if not resume:
-            checks.set_defaults(site.__defaults__, kwdefaults)
+        # checks read the receiver from the locals: the same for every receiver of one function,
+        # built once for the loads of the program (``shared_load``); but a continuation's
+        # per-call check holds its receiver (``___recv``): its load-time guards (which never
+        # read it) are evaluated on the shared checks first, its own built only if they hold
+        bind = resume and bound
+        if bind and self.options.guards == "call":  # no load-time evaluation to filter by
+            return self._build_checks(guards, receiver, True, resume, site)
+        memo = (guards["code"], 0) if resume else (guards["code"], id(site)) if site is self.func else None
+        hit = self.shared.checks.get(memo) if memo else None
+        if hit is not None and hit[0] is site:
+            checks = hit[1]
+        else:
+            checks = self._build_checks(guards, receiver, False, resume, site)
+            if memo:
+                self.shared.checks[memo] = (site, checks)
         if not self._checks_all(checks):  # "call" checks them all per call, against the state then
             local = receiver_locals(receiver, self.bound_self) if bound else {}
             if not resume and site.__closure__:
@@ -372,8 +392,24 @@ class _ReplayBuilder:
                     except ValueError:  # an empty cell
                         continue
             if not checks.load_holds(local):
+                failed = checks
                 raise _Rejected("what it was specialized on changed: ",
-                                lambda: "; ".join(checks.load_failures(local)[:3]))
+                                lambda: "; ".join(failed.load_failures(local)[:3]))
+        return self._build_checks(guards, receiver, True, resume, site) if bind else checks
+
+    def _build_checks(self, guards: dict[str, Any], receiver: str | None, bind: bool, resume: bool,
+                      site: Any) -> GuardChecks:
+        try:
+            checks = build_checks(self.files[guards["code"]], guards.get("consts", []), guards.get("meta", []),
+                                  self.scope, receiver, self.bound_self if bind else None, self.consts,
+                                  (self.shared.codes, guards["code"]))
+        except code_codec.CodecError as exc:
+            raise _Rejected(f"a value its guards compare with cannot be rebuilt here: {exc}") from exc
+        if not resume:
+            kwdefaults = dict(site.__kwdefaults__ or {})
+            if guards.get("uses_cells"):
+                kwdefaults["___cells"] = site.__closure__ or ()
+            checks.set_defaults(site.__defaults__, kwdefaults)
         return checks
 
     def _light_value(self, desc: dict[str, Any]) -> Any:
@@ -424,6 +460,13 @@ class _ReplayBuilder:
             raise _Rejected(f"its split graph (DDP) cannot be rebuilt: {exc!r}") from exc
 
     def _graph(self, key: str, compiler_name: str) -> Callable[..., Any]:
+        """The graph ``key`` loaded (once for the loads of the program: a key names one artifact)."""
+        loaded = self.shared.graphs.get(key)
+        if loaded is None:
+            loaded = self.shared.graphs[key] = self._load_graph(key, compiler_name)
+        return loaded
+
+    def _load_graph(self, key: str, compiler_name: str) -> Callable[..., Any]:
         compiler = get_compiler(compiler_name)
         entry = self.graph_store.load(key)  # read and verified once: the context check and the load share it
         if entry is None:
@@ -598,7 +641,7 @@ def __getattr__(name: str) -> Any:
 
 
 def build_frame_variants(
-    func: types.FunctionType, bound_self: Any, options: BackendOptions
+    func: types.FunctionType, bound_self: Any, options: BackendOptions, shared: SharedLoad | None = None
 ) -> tuple[list[Variant], dict[str, Any], dict[str, str]]:
     """For the backend route (``frame_install``): the variants :func:`build_replay` serves for
     ``func`` bound to ``bound_self`` (same key, same checks), without a ``ReplayedFunction``,
@@ -606,10 +649,10 @@ def build_frame_variants(
     the kind of every global its frames read. An empty list with ``program["eager_root"]``: the
     frame runs as Python. A variant that checks every guard per call has ``check=None``: its
     full check is decoded only when Dynamo first evaluates the installed entry's guard.
-    Raises :class:`CacheMiss` saying why."""
+    Raises :class:`CacheMiss` saying why. ``shared``: as :func:`build_replay`'s."""
     t0 = time.perf_counter()
-    key, files, program, name = _cached_program(func, bound_self, options)
-    builder = _ReplayBuilder(files, program, options, func, bound_self, key, lazy_full=True)
+    key, files, program, name = _cached_program(func, bound_self, options, shared)
+    builder = _ReplayBuilder(files, program, options, func, bound_self, key, lazy_full=True, shared=shared)
     variants: list[Variant] = []
     rejected: list[Any] = []
     for variant in reversed(program.get("variants", [])):

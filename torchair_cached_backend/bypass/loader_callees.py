@@ -20,6 +20,7 @@ from ..stats import record_fallback
 from . import loader
 from .loader import CacheMiss
 from .replay import ReplayedFunction
+from .shared_load import SharedLoad
 
 
 class CellCallee:
@@ -60,17 +61,20 @@ class LazyCallee:
     ``use_kernelized_func`` does, is seen as the traced method saw it). Replaces itself on the
     instance once built."""
 
-    __slots__ = ("owner", "attr", "target", "options", "caller", "called", "replay")
+    __slots__ = ("owner", "attr", "target", "options", "caller", "called", "replay", "shared")
 
-    def __init__(self, owner: Any, attr: str, target: Any, options: BackendOptions, caller: str, called: str) -> None:
+    def __init__(self, owner: Any, attr: str, target: Any, options: BackendOptions, caller: str, called: str,
+                 shared: SharedLoad | None = None) -> None:
         self.owner, self.attr, self.target = owner, attr, target
         self.options, self.caller, self.called = options, caller, called
         self.replay: Callable[..., Any] | None = None
+        self.shared = shared  # with the other layers' callees of the same program
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         replay = self.replay
         if replay is None:
-            replay = self.replay = _replay_or_stand_in(self.target, self.options, self.caller, self.called)
+            shared, self.shared = self.shared, None
+            replay = self.replay = _replay_or_stand_in(self.target, self.options, self.caller, self.called, shared)
             if self.owner.__dict__.get(self.attr) is self:
                 self.owner.__dict__[self.attr] = replay
         return replay(*args, **kwargs)
@@ -100,12 +104,13 @@ def cell_callees(func: types.FunctionType, bound_self: Any,
     return out, stand_ins
 
 
-def install_cell_callees(stand_ins: list[CellCallee], bound_self: Any, options: BackendOptions, name: str) -> None:
+def install_cell_callees(stand_ins: list[CellCallee], bound_self: Any, options: BackendOptions, name: str,
+                         shared: SharedLoad | None = None) -> None:
     """The replay of each method a decorator's cell leads to (else a stand-in that compiles
-    it), built at its first call."""
+    it), built at its first call; ``shared`` with the same method's of the other layers."""
     for stand_in in stand_ins:
         stand_in.build = functools.partial(_replay_or_stand_in, types.MethodType(stand_in.fn, bound_self), options,
-                                           name, stand_in.fn.__qualname__)
+                                           name, stand_in.fn.__qualname__, shared)
 
 
 def _swapped(fn: types.FunctionType, path: list[str], bound_self: Any, stand_ins: list[CellCallee]) -> Any:
@@ -143,7 +148,8 @@ def with_cells(fn: types.FunctionType, cells: dict[str, Any]) -> types.FunctionT
     return copy
 
 
-def install_callees(bound_self: Any, callees: list[dict[str, str]], options: BackendOptions, name: str) -> None:
+def install_callees(bound_self: Any, callees: list[dict[str, str]], options: BackendOptions, name: str,
+                    shared: SharedLoad | None = None) -> None:
     """Methods the function calls that Dynamo compiled on their own (a graph break
     inside a layer's forward or a helper): each gets its own replay, installed on the
     instance (``layer.forward``, ``self.helper``), so the replayed (or, for a frame
@@ -153,7 +159,9 @@ def install_callees(bound_self: Any, callees: list[dict[str, str]], options: Bac
     A callee (``layers.0``) is installed on the other children of its parent of its class
     too (``layers.1``...): at cold Dynamo compiled the first one's method and ran the
     others' from its own cache (no recompile, so nothing recorded them); each gets its own
-    replay, checked for it at its first call."""
+    replay, checked for it at its first call. The loads of one callee share what they can
+    (``shared_load``), with the same callee's of the caller's siblings when the caller's
+    load was ``shared`` with them."""
     done: set[tuple[str, str]] = set()
     for callee in callees:
         if callee.get("unreached"):
@@ -162,10 +170,12 @@ def install_callees(bound_self: Any, callees: list[dict[str, str]], options: Bac
         path, attr = callee.get("path", ""), callee.get("attr", "")
         if callee.get("cell") and not path:  # the replayed wrapper's own cell: ``install_cell_callees``
             continue
+        # the layers load one program: read, decoded and checked once
+        group = SharedLoad() if shared is None else shared.child(f"{path}.{attr}")
         for each in (path, *(_siblings(bound_self, path) if path else ())):
             if (each, attr) not in done:
                 done.add((each, attr))
-                _install_callee(bound_self, each, callee, options, name)
+                _install_callee(bound_self, each, callee, options, name, group)
 
 
 def _unreached(caller: str, called: str) -> None:
@@ -196,7 +206,8 @@ def _siblings(bound_self: Any, path: str) -> list[str]:
     return [prefix + child for child, module in children if child != last and type(module) is type(recorded)]
 
 
-def _install_callee(bound_self: Any, path: str, callee: dict[str, Any], options: BackendOptions, name: str) -> None:
+def _install_callee(bound_self: Any, path: str, callee: dict[str, Any], options: BackendOptions, name: str,
+                    shared: SharedLoad | None = None) -> None:
     import torch
 
     attr = callee.get("attr", "")
@@ -226,13 +237,13 @@ def _install_callee(bound_self: Any, path: str, callee: dict[str, Any], options:
             log.info("npu_cached: %s: %s.%s no longer wraps what it wrapped; its cached program is not installed",
                      name, path, attr)
             return
-        install_cell_callees(stand_ins, owner, options, name)
+        install_cell_callees(stand_ins, owner, options, name, shared)
         copy = with_cells(func, {cells[0]: value})
         copy.__dict__[_CELL_COPY] = True
         owner.__dict__[attr] = types.MethodType(copy, owner)
         return
     owner.__dict__[attr] = LazyCallee(owner, attr, types.MethodType(func, owner), options, name,
-                                      f"{path or 'self'}.{attr}")
+                                      f"{path or 'self'}.{attr}", shared)
 
 
 #: marks our copy of a decorator's wrapper whose cell leads to a replay (installed on a submodule)
@@ -245,10 +256,11 @@ def _ours(value: Any) -> bool:
         isinstance(value, types.MethodType) and bool(getattr(value.__func__, "__dict__", {}).get(_CELL_COPY)))
 
 
-def _replay_or_stand_in(target: Any, options: BackendOptions, caller: str, called: str) -> Callable[..., Any]:
+def _replay_or_stand_in(target: Any, options: BackendOptions, caller: str, called: str,
+                        shared: SharedLoad | None = None) -> Callable[..., Any]:
     """The replay of ``target`` (a callee of ``caller``), or on a miss a stand-in that compiles it."""
     try:
-        return loader.build_replay(target, options)
+        return loader.build_replay(target, options, shared=shared)
     except CacheMiss as miss:
         log.info("npu_cached: %s calls %s: %s; compiling it instead", caller, called, miss)
         failure = miss
