@@ -20,10 +20,12 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def child_environ(inductor_dir: str, child_env: dict[str, str]) -> dict[str, str]:
     """A child's environment: its own Inductor cache dir, ``child_env``, this checkout's
     package first on the path (not whatever the venv has installed, e.g. an editable
-    install of another tree), and .pyc files used as by an installed package."""
+    install of another tree; a ``PYTHONPATH`` in ``child_env`` instead, to measure another
+    checkout), and .pyc files used as by an installed package."""
     os.makedirs(inductor_dir, exist_ok=True)
     env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=inductor_dir, **child_env)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH")) if p)
+    if "PYTHONPATH" not in child_env:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH")) if p)
     env.pop("PYTHONDONTWRITEBYTECODE", None)
     return env
 

@@ -13,7 +13,9 @@ theirs too (:meth:`SharedLoad.child`): every layer's attention, installed by its
 
 The entry is reused only while its manifest on disk is the one read (same inode, size and
 mtime: a writer or a last-used refresh renames a new manifest in), so a program that gains
-a variant is read again; what is reused is bytes that were verified when read.
+a variant is read again; what is reused is bytes that were verified when read. Decoded
+code and checks are kept by blob name, which is content-derived (a frame's id digests its
+code, guards and constants), so a name never stands for two contents.
 """
 
 from __future__ import annotations
