@@ -435,7 +435,7 @@ WARM_PATH_MODULES = frozenset("torchair_cached_backend" + m for m in (
     ".fs_security", ".store_layout", ".store_backend", ".store", ".graph_load",
     ".compilers", ".compilers.eager",
     ".bypass", ".bypass.loader", ".bypass.program", ".bypass.replay", ".bypass.sources",
-    ".bypass.dynamo_stub", ".bypass.guard_runtime", ".bypass.world_state",
+    ".bypass.dynamo_stub", ".bypass.guard_runtime", ".bypass.world_state", ".bypass.shared_load",
 ))
 #: cold-side modules every warm load used to import (each split off a module a warm load still needs, or
 #: left holding only the compile side: CachedGraph, Artifact and load_code moved to modules a load imports);

@@ -59,7 +59,7 @@ WARM_PATH = tuple("torchair_cached_backend." + m for m in (
     "logs", "options", "environment", "fingerprint", "key", "code_codec", "fs_security", "store_layout",
     "store_backend", "store", "graph_load", "compilers", "compilers.eager", "bypass", "bypass.dynamo_stub",
     "bypass.world_state", "bypass.guard_runtime", "bypass.program", "bypass.sources", "bypass.replay",
-    "bypass.loader",
+    "bypass.shared_load", "bypass.loader",
 ))
 #: what ``cache_compile(...)`` (the torchair drop-in) imports besides :data:`WARM_PATH`: its call (the
 #: model's directory name, its options) runs before the first call's load, ~0.5-1 ms of imports
