@@ -499,12 +499,8 @@ class GuardChecks:
     def full(self) -> Callable[..., bool]:
         """Every guard per call; loaded on first use (``guards="call"``, an unfixed receiver)."""
         if self._full is None:
-            memo, name = self._decoded or ({}, "")
-            code = memo.get(name + "#full")
-            if code is None:
-                code = code_codec.loads_code(_inflate(self._full_code), verified=True)
-                if self._decoded is not None:
-                    memo[name + "#full"] = code
+            code = _decoded_once(self._decoded, "#full",
+                                 lambda: code_codec.loads_code(_inflate(self._full_code), verified=True))
             exec(code, self.namespace)  # noqa: S102 - ours, checksummed
             self._full = self.namespace["___full_check"]
             if self._defaults is not None:
@@ -592,20 +588,24 @@ def build_checks(
     namespace: dict[str, Any] = dict(HELPERS)
     namespace["___G"] = scope
     namespace["___recv"] = recv
-    table = None if decoded is None else decoded[0].get(decoded[1] + "#consts")
-    if table is None:
-        table = {f"___c{i}": value for i, value in enumerate(decode_consts(consts, {} if memo is None else memo))}
-        if decoded is not None:
-            decoded[0][decoded[1] + "#consts"] = table
-    namespace.update(table)
+    namespace.update(_decoded_once(decoded, "#consts", lambda: {
+        f"___c{i}": value for i, value in enumerate(decode_consts(consts, {} if memo is None else memo))}))
     checks_code, full_code, meta_json = unpack_checks(code_blob)
-    code = None if decoded is None else decoded[0].get(decoded[1])
-    if code is None:
-        code = code_codec.loads_code(checks_code, verified=True)  # the store checked its sha256
-        if decoded is not None:
-            decoded[0][decoded[1]] = code
+    code = _decoded_once(decoded, "", lambda: code_codec.loads_code(checks_code, verified=True))  # sha256 checked
     exec(code, namespace)  # noqa: S102 - ours, checksummed
     return GuardChecks(namespace, None, receiver, full_code, meta_json, decoded)
+
+
+def _decoded_once(decoded: tuple[dict[str, Any], str] | None, part: str, make: Callable[[], Any]) -> Any:
+    """``make()`` (a part of a guards blob, decoded), kept under the blob's name + ``part`` in the
+    memo of ``decoded`` = (memo, blob name) so the loads of one program decode it once; no memo: made."""
+    if decoded is None:
+        return make()
+    memo, name = decoded
+    value = memo.get(name + part)
+    if value is None:
+        value = memo[name + part] = make()
+    return value
 
 
 def decode_consts(consts: list[Any], memo: dict[Any, Any]) -> list[Any]:

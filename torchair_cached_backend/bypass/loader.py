@@ -392,9 +392,8 @@ class _ReplayBuilder:
                     except ValueError:  # an empty cell
                         continue
             if not checks.load_holds(local):
-                failed = checks
                 raise _Rejected("what it was specialized on changed: ",
-                                lambda: "; ".join(failed.load_failures(local)[:3]))
+                                lambda: "; ".join(checks.load_failures(local)[:3]))
         return self._build_checks(guards, receiver, True, resume, site) if bind else checks
 
     def _build_checks(self, guards: dict[str, Any], receiver: str | None, bind: bool, resume: bool,
