@@ -553,6 +553,28 @@ def test_a_load_stops_the_operators_first_use(tmp_path):
     assert out["alone"] == out["listed"] and out["after_a_load"] == 0, out
 
 
+@pytest.mark.parametrize("route", ["load", "backend route"])
+def test_a_load_drops_the_queued_work_it_never_waits_for(route):
+    # the thread importing the route's modules and torch.compile()'s first use beside a load took the
+    # interpreter from it at every file it read (up to a 5 ms switch interval each): a tiny Llama's warm
+    # load() 9 -> 15-27 ms, its first call 6 -> 11 ms. A load that begins keeps only the warm path (and,
+    # where the route's frame callback is loaded, the route's miss path) queued
+    extra = "import torchair_cached_backend.bypass.frame_install" if route == "backend route" else ""
+    out = run_python(textwrap.dedent(f"""
+        import torch, torch._dynamo
+        import torchair_cached_backend as tcb
+        from torchair_cached_backend import preload
+        {extra}
+        queued = list(preload.WARM_PATH) + [preload.VERSIONS] + list(preload.DROP_IN) + [
+            preload.DYNAMO, *preload.ROUTE, *preload.TORCH_FIRST_USE, *preload.ROUTE_MISS, preload.OPS]
+        preload._queue[:] = queued  # the thread is off here: the queue as a fresh start with Dynamo fills it
+        preload.caller_loading()
+        emit({{"left": list(preload._queue)}})
+        """), env={"TCB_PRELOAD": "0"})
+    want = [*preload.WARM_PATH, preload.VERSIONS] + (list(preload.ROUTE_MISS) if route == "backend route" else [])
+    assert out["left"] == want, out
+
+
 def test_the_operators_first_use_starts_no_thread_pool():
     # tensors this small never enter a parallel region: no OpenMP team is started for the thread
     # (its workers would spin on the caller's cores). Each call runs on a thread of its own (a team

@@ -99,6 +99,8 @@ VERSIONS = "<environment versions>"
 #: (``op_warmup``: ~0.8 ms of a tiny Llama's replayed first call)
 OPS = "<operator first use>"
 OP_WARMUP = "torchair_cached_backend.op_warmup"
+#: the backend route's frame callback: loaded, a load may be the route's (its miss path stays queued)
+_ROUTE_CALLBACK = "torchair_cached_backend.bypass.frame_install"
 
 _lock = threading.Lock()
 #: set once the caller's first load from the cache begins, or the interpreter exits: the thread's
@@ -251,9 +253,19 @@ def on_thread() -> bool:
 
 def caller_loading() -> None:
     """The caller began loading from the cache: what the thread does that the load does not wait
-    for (the operators' first use) stops, so it never holds the interpreter while the caller
-    runs (a load right after the import would otherwise wait for it)."""
+    for stops, so it never holds the interpreter while the caller runs: the operators' first use,
+    and every queued module outside the warm path (the route's, ``torch.compile()``'s first use,
+    the drop-in's), which a load started here never waits for. Run beside the load they cost it
+    far more than their own time: each file the load reads releases the interpreter to the thread,
+    which then keeps it for up to a switch interval (5 ms), a tiny Llama's load 9 -> 15-27 ms.
+    On the backend route (its frame callback is loading) the route's miss path stays queued.
+    What is dropped is imported where it is used, as without the thread."""
     _optional_stop.set()
+    keep = set(WARM_PATH) | {VERSIONS}
+    if _ROUTE_CALLBACK in sys.modules:
+        keep.update(ROUTE_MISS)
+    with _lock:
+        _queue[:] = [name for name in _queue if name in keep]
 
 
 def _warm_ops() -> None:
