@@ -529,9 +529,9 @@ def test_a_warm_load_of_these_families_imports_only_the_warm_path(tmp_path, fami
 
 
 #: what the backend route adds to a load's modules: the hook, the frame-cache install and its argument
-#: binding, mode mapping
+#: binding, mode mapping, the trace-time id() rule its callbacks enter
 ROUTE_MODULES = frozenset("torchair_cached_backend.bypass." + m for m in ("capture_hook", "frame_install",
-                                                                          "debug_wrapper", "signature", "code_names")) | {
+                                                                          "debug_wrapper", "signature", "code_names", "trace_ids")) | {
     "torchair_cached_backend.compile_mode"}
 #: the C++ guard tree for guards="call", with TCB_GUARD_TREE=1 only
 GUARD_TREE = "torchair_cached_backend.bypass.guard_tree"

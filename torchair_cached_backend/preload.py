@@ -67,7 +67,7 @@ DROP_IN = tuple("torchair_cached_backend." + m for m in ("torchair_config", "dro
 #: what a warm ``torch.compile(model, backend="npu_cached")`` imports besides :data:`WARM_PATH`
 #: (the frame callback that installs replays, the name's resolution, the debug wrapper's deferral)
 ROUTE = tuple("torchair_cached_backend." + m for m in (
-    "bypass.code_names", "bypass.signature", "compile_mode", "bypass.capture_hook", "bypass.debug_wrapper",
+    "bypass.code_names", "bypass.signature", "compile_mode", "bypass.capture_hook", "bypass.debug_wrapper", "bypass.trace_ids",
     "bypass.frame_install",
 ))
 #: what a warm backend route imports besides :data:`ROUTE` when a frame under a replayed one has no

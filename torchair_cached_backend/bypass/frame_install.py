@@ -54,6 +54,7 @@ from torch._guards import CompileId
 from ..logs import log
 from ..preload import check_bisect_environment
 from ..stats import record_fallback
+from . import trace_ids
 from .capture_hook import backend_chain, backend_options
 from .code_names import global_names, renamed
 from .guard_runtime import receiver_locals
@@ -146,7 +147,11 @@ class NotingCallback(convert_frame.CatchErrorsWrapper):
     the callback of ``load()``/``cache_compile``'s compiles."""
 
     def __call__(self, frame: Any, cache_entry: Any, frame_state: Any) -> ConvertFrameReturn:
-        result = super().__call__(frame, cache_entry, frame_state)
+        trace_ids.enter()  # id()/hash() of objects stay compile-time-only in what this trace caches
+        try:
+            result = super().__call__(frame, cache_entry, frame_state)
+        finally:
+            trace_ids.leave()
         code = frame.f_code
         if frame_state is not None and result.guarded_code is None and code.co_name.startswith(RESUME_PREFIX):
             capture = sys.modules.get(_CAPTURE)  # loaded where frames were captured (a cold start)
