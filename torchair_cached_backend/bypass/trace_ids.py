@@ -62,6 +62,12 @@ def install() -> None:
             original = getattr(BuiltinVariable, name, None)
             if original is not None and not getattr(original, "_tcb_trace_ids", False):
                 setattr(BuiltinVariable, name, _portable(original, what))
+        # Dynamo keeps a handler per (builtin, argument types) holding the method it found: one made
+        # by an earlier trace (another backend's) would call the unwrapped method
+        cache = getattr(BuiltinVariable, "call_function_handler_cache", None)
+        if isinstance(cache, dict):
+            for key in [k for k in list(cache) if isinstance(k, tuple) and k and k[0] in (id, hash)]:
+                cache.pop(key, None)
         _installed = True
 
 
@@ -84,19 +90,29 @@ def _portable(original: Callable[..., Any], what: str) -> Callable[..., Any]:
 
 def _folded(result: Any, arg: Any, what: str) -> bool:
     """Whether ``result`` is a constant number that differs between processes: every ``id()``
-    (also of ``None``: an address), a ``hash()`` of anything but a number (identity hashes,
-    and ``str``/``bytes`` hashes, seeded per process)."""
+    (also of ``None``: an address), a ``hash()`` of anything but numbers (identity hashes, and
+    ``str``/``bytes`` hashes, seeded per process)."""
     from torch._dynamo.variables.constant import ConstantVariable
 
     if type(result) is not ConstantVariable or type(result.value) is not int:
         return False  # already compile-time-only, or not a number
     if what == "id()":
         return True
-    return not (isinstance(arg, ConstantVariable) and type(arg.value) in _VALUE_HASHED)
+    try:
+        return not (arg.is_python_constant() and _value_hashed(arg.as_python_constant()))
+    except Exception:  # noqa: BLE001  (a tracker that cannot say: process-specific, to be safe)
+        return True
 
 
-#: what hashes by value alike in every process
+#: what hashes by value alike in every process (``None`` hashes by address before Python 3.12)
 _VALUE_HASHED = (int, float, bool, complex)
+
+
+def _value_hashed(value: Any) -> bool:
+    """Numbers, and tuples (``torch.Size``) and frozensets of them."""
+    if type(value) in _VALUE_HASHED:
+        return True
+    return isinstance(value, (tuple, frozenset)) and all(_value_hashed(v) for v in value)
 
 
 def _fake_id(value: int, what: str) -> Any:
