@@ -4,9 +4,8 @@ Dynamo folds ``id(obj)`` of an object it can find again into the graph and guard
 object's identity; a replay in another process finds the same object (a module-level
 instance, the receiver), so the check held and the cold process's number was replayed:
 ``self.lin(x) + id(self) % 1000`` came out silently wrong at every warm start, on both
-routes. ``hash()`` of an identity-hashed object and of a string (seeded per process) is
-the same kind of number: those cases replayed right before too (Dynamo did not fold them
-here) and are kept so no later torch folds them unseen. Now such a value stays Dynamo's
+routes. ``hash()`` of an identity-hashed object is the same number shifted (a string's hash
+is the capture's seed check's: ``test_stale_round3``). Now such a value stays Dynamo's
 compile-time-only id while our backends trace:
 used in arithmetic it is a graph break (the call runs as Python in each process), used
 only as a dict key inside one trace it replays as before (``kernels`` does that).
@@ -42,14 +41,6 @@ SCRIPT = textwrap.dedent("""
         def forward(self, x):
             return self.lin(x) + hash(self.lin) % 1000
 
-    class ByStrHash(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.lin = torch.nn.Linear(4, 4)
-
-        def forward(self, x):
-            return self.lin(x) + hash("npu") % 1000
-
     class IdKeyed(torch.nn.Module):  # ids compared inside one trace (kernels' routing dict): still replays
         def __init__(self):
             super().__init__()
@@ -65,7 +56,7 @@ SCRIPT = textwrap.dedent("""
     if os.environ.get("PRIOR") == "1":  # Dynamo caches its handler of id() at the first trace that calls it
         torch.compile(ById(), backend="eager")(torch.randn(2, 4))
     torch.manual_seed(0)
-    model = {"id": ById, "hash": ByHash, "str_hash": ByStrHash, "id_keyed": IdKeyed}[os.environ["CASE"]]()
+    model = {"id": ById, "hash": ByHash, "id_keyed": IdKeyed}[os.environ["CASE"]]()
     x = torch.randn(2, 4)
     root = os.environ["ROOT"]
     with torch.no_grad():
@@ -86,11 +77,13 @@ def _run(case: str, route: str, root: str, phase: str, seed: str, prior: bool = 
 
 
 @pytest.mark.parametrize("route", ["load", "backend"])
-@pytest.mark.parametrize("case", ["id", "hash", "str_hash"])
+@pytest.mark.parametrize("case", ["id", "hash"])
 def test_a_number_of_this_process_is_never_replayed_from_another(tmp_path, case, route):
-    cold = _run(case, route, str(tmp_path), "cold", "1")
+    # one fixed PYTHONHASHSEED for both: the capture's seed check then lets frames that hash strings
+    # replay, and an identity hash must not ride along
+    cold = _run(case, route, str(tmp_path), "cold", "7")
     assert cold["diff"] == 0.0, cold
-    warm = _run(case, route, str(tmp_path), "warm", "2")  # another process: other ids, another string seed
+    warm = _run(case, route, str(tmp_path), "warm", "7")  # another process: other ids
     assert warm["diff"] == 0.0, warm  # was 100-900: the cold process's number
 
 

@@ -6,8 +6,9 @@ graph or the transformed bytecode. A replay in another process finds the same ob
 (its identity check holds: the same global, the same receiver), but the number is the
 cold process's: ``self.lin(x) + id(self) % 1000`` replayed the cold process's number,
 silently wrong. ``hash()`` of an object hashed by identity (``object.__hash__``: plain
-instances, functions, classes, modules) is the same number shifted, and a string's hash is
-seeded per process.
+instances, functions, classes, modules) is the same number shifted, also under a fixed
+``PYTHONHASHSEED`` (a string's hash, seeded per process, is the capture's to check: a frame
+folding one replays only under the same fixed seed).
 
 While Dynamo traces for an ``npu_cached`` backend (between :func:`enter` and :func:`leave`,
 called by our frame callbacks), such a value is Dynamo's own compile-time-only id (``FakeIdVariable``):
@@ -90,8 +91,7 @@ def _portable(original: Callable[..., Any], what: str) -> Callable[..., Any]:
 
 def _folded(result: Any, arg: Any, what: str) -> bool:
     """Whether ``result`` is a constant number that differs between processes: every ``id()``
-    (also of ``None``: an address), a ``hash()`` of anything but numbers (identity hashes, and
-    ``str``/``bytes`` hashes, seeded per process)."""
+    (also of ``None``: an address), a ``hash()`` by identity (anything but numbers and strings)."""
     from torch._dynamo.variables.constant import ConstantVariable
 
     if type(result) is not ConstantVariable or type(result.value) is not int:
@@ -104,12 +104,14 @@ def _folded(result: Any, arg: Any, what: str) -> bool:
         return True
 
 
-#: what hashes by value alike in every process (``None`` hashes by address before Python 3.12)
-_VALUE_HASHED = (int, float, bool, complex)
+#: what hashes by value: numbers alike in every process; strings and bytes by ``PYTHONHASHSEED``,
+#: which the capture checks (a frame folding one replays only under the same fixed seed).
+#: ``None`` hashes by address before Python 3.12
+_VALUE_HASHED = (int, float, bool, complex, str, bytes)
 
 
 def _value_hashed(value: Any) -> bool:
-    """Numbers, and tuples (``torch.Size``) and frozensets of them."""
+    """Numbers and strings, and tuples (``torch.Size``) and frozensets of them."""
     if type(value) in _VALUE_HASHED:
         return True
     return isinstance(value, (tuple, frozenset)) and all(_value_hashed(v) for v in value)
