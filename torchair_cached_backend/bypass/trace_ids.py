@@ -50,26 +50,27 @@ def active() -> bool:
 
 
 def install() -> None:
-    """Wrap Dynamo's ``id()`` and ``hash()`` once per process (a no-op outside :func:`tracing`)."""
-    global _installed
-    if _installed:
-        return
+    """Wrap Dynamo's ``id()`` and ``hash()`` once per process (inert outside :func:`enter`/:func:`leave`)."""
     with _lock:
-        if _installed:
-            return
-        from torch._dynamo.variables.builtin import BuiltinVariable
+        if not _installed:
+            _wrap_builtins()
 
-        for name, what in (("call_id", "id()"), ("call_hash", "hash()")):
-            original = getattr(BuiltinVariable, name, None)
-            if original is not None and not getattr(original, "_tcb_trace_ids", False):
-                setattr(BuiltinVariable, name, _portable(original, what))
-        # Dynamo keeps a handler per (builtin, argument types) holding the method it found: one made
-        # by an earlier trace (another backend's) would call the unwrapped method
-        cache = getattr(BuiltinVariable, "call_function_handler_cache", None)
-        if isinstance(cache, dict):
-            for key in [k for k in list(cache) if isinstance(k, tuple) and k and k[0] in (id, hash)]:
-                cache.pop(key, None)
-        _installed = True
+
+def _wrap_builtins() -> None:
+    global _installed
+    from torch._dynamo.variables.builtin import BuiltinVariable
+
+    for name, what in (("call_id", "id()"), ("call_hash", "hash()")):
+        original = getattr(BuiltinVariable, name, None)
+        if original is not None and not getattr(original, "_tcb_trace_ids", False):
+            setattr(BuiltinVariable, name, _portable(original, what))
+    # Dynamo keeps a handler per (builtin, argument types) holding the method it found: one made
+    # by an earlier trace (another backend's) would call the unwrapped method
+    cache = getattr(BuiltinVariable, "call_function_handler_cache", None)
+    if isinstance(cache, dict):
+        for key in [k for k in list(cache) if isinstance(k, tuple) and k and k[0] in (id, hash)]:
+            cache.pop(key, None)
+    _installed = True
 
 
 def _portable(original: Callable[..., Any], what: str) -> Callable[..., Any]:
