@@ -101,6 +101,9 @@ OPS = "<operator first use>"
 OP_WARMUP = "torchair_cached_backend.op_warmup"
 #: the backend route's frame callback: loaded, a load may be the route's (its miss path stays queued)
 _ROUTE_CALLBACK = "torchair_cached_backend.bypass.frame_install"
+#: what stays queued once the caller loads (:func:`caller_loading`): on ``load()``'s route, on the backend route
+_KEPT_BY_LOAD = frozenset(WARM_PATH) | {VERSIONS}
+_KEPT_BY_ROUTE_LOAD = _KEPT_BY_LOAD | frozenset(ROUTE_MISS)
 
 _lock = threading.Lock()
 #: set once the caller's first load from the cache begins, or the interpreter exits: the thread's
@@ -261,9 +264,7 @@ def caller_loading() -> None:
     On the backend route (its frame callback is loading) the route's miss path stays queued.
     What is dropped is imported where it is used, as without the thread."""
     _optional_stop.set()
-    keep = set(WARM_PATH) | {VERSIONS}
-    if _ROUTE_CALLBACK in sys.modules:
-        keep.update(ROUTE_MISS)
+    keep = _KEPT_BY_ROUTE_LOAD if _ROUTE_CALLBACK in sys.modules else _KEPT_BY_LOAD
     with _lock:
         _queue[:] = [name for name in _queue if name in keep]
 
