@@ -575,6 +575,74 @@ def test_a_load_drops_the_queued_work_it_never_waits_for(route):
     assert out["left"] == want, out
 
 
+#: a caller's first use right after the package's import -> what the thread imports for it meanwhile
+FIRST_USES = {
+    "tcb.load": ("import torchair_cached_backend as tcb\ntcb.load", preload.LOAD_NEEDS),
+    "from-import of load": ("from torchair_cached_backend import load", preload.LOAD_NEEDS),
+    "tcb.cache_compile": ("import torchair_cached_backend as tcb\ntcb.cache_compile", preload.DROP_IN_NEEDS),
+    "backend route": ("import torch._dynamo\nimport torchair_cached_backend as tcb\n"
+                      "from torch._dynamo.backends.registry import lookup_backend\nlookup_backend('npu_cached')",
+                      preload.ROUTE_NEEDS),
+}
+
+
+@pytest.mark.parametrize("use", sorted(FIRST_USES))
+def test_a_first_use_right_after_the_import_waits_for_the_thread_instead_of_racing_it(use):
+    # a model built before the package's import, then loaded: the caller imported the warm path beside
+    # the thread, and two threads importing one list convoy on the interpreter (each file read hands it
+    # over; taking it back waits up to a switch interval). The caller now waits while the thread imports
+    code, needs = FIRST_USES[use]
+    out = run_python(OURS + WHO + "import torch\n" + code + textwrap.dedent("""
+        from torchair_cached_backend import preload
+        main = threading.get_ident()
+        emit({"by_caller": sorted(m for m, t in who.items() if t == main), "ours": ours()})
+        """))
+    modules = {m for m in needs if m.startswith("torchair_cached_backend")} - set(PACKAGE_IMPORT_MODULES)
+    assert modules <= set(out["ours"]), sorted(modules - set(out["ours"]))
+    assert not modules & set(out["by_caller"]), sorted(modules & set(out["by_caller"]))
+
+
+def test_a_caller_waits_for_the_thread_a_bounded_time(tmp_path):
+    # a thread stuck in an import never holds up the caller's start for longer than NEED_WAIT_S
+    (tmp_path / "stuck_probe.py").write_text("import time\ntime.sleep(60)\n")
+    out = run_python(textwrap.dedent(f"""
+        import os, sys, time, torch
+        sys.path.insert(0, {str(tmp_path)!r})
+        import torchair_cached_backend as tcb
+        from torchair_cached_backend import preload
+        preload.wait(60)
+        preload.NEED_WAIT_S = 0.5
+        preload._submit(["stuck_probe"])
+        while "stuck_probe" not in sys.modules:
+            time.sleep(0.01)
+        t0 = time.monotonic()
+        preload.caller_needs(frozenset({{"stuck_probe"}}))
+        waited = time.monotonic() - t0
+        alive = preload._thread.is_alive()
+        emit({{"waited": waited, "alive": alive}})
+        sys.stdout.flush()
+        os._exit(0)
+        """), timeout=120)
+    assert out["alive"] and 0.4 <= out["waited"] < 30, out
+
+
+def test_a_caller_inside_an_import_never_waits(tmp_path, monkeypatch):
+    # the thread may need a module lock an importing caller holds: there the caller never waits.
+    # A plain from-import runs importlib's frames too, but holds no lock: there it waits
+    (tmp_path / "probe_pkg.py").write_text(
+        "def __getattr__(name):\n    from torchair_cached_backend import preload\n    return preload._inside_import()\n")
+    (tmp_path / "probe_importing.py").write_text("from probe_pkg import inside\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in ("probe_pkg", "probe_importing"):
+        monkeypatch.delitem(__import__("sys").modules, name, raising=False)
+    import probe_importing
+    from probe_pkg import inside
+
+    assert inside is False
+    assert probe_importing.inside is True
+    assert preload._inside_import() is False
+
+
 def test_the_operators_first_use_starts_no_thread_pool():
     # tensors this small never enter a parallel region: no OpenMP team is started for the thread
     # (its workers would spin on the caller's cores). Each call runs on a thread of its own (a team

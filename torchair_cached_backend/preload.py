@@ -104,8 +104,20 @@ _ROUTE_CALLBACK = "torchair_cached_backend.bypass.frame_install"
 #: what stays queued once the caller loads (:func:`caller_loading`): on ``load()``'s route, on the backend route
 _KEPT_BY_LOAD = frozenset(WARM_PATH) | {VERSIONS}
 _KEPT_BY_ROUTE_LOAD = _KEPT_BY_LOAD | frozenset(ROUTE_MISS)
+#: what the caller waits for (:func:`caller_needs`): at ``load()``'s (or ``cache_compile``'s) first use;
+#: at ``torch.compile(backend="npu_cached")``'s name resolution, the route and torch.compile()'s first use too
+LOAD_NEEDS = _KEPT_BY_LOAD
+ROUTE_NEEDS = _KEPT_BY_LOAD | {DYNAMO, *ROUTE, *TORCH_FIRST_USE}
+DROP_IN_NEEDS = _KEPT_BY_LOAD | frozenset(DROP_IN)
 
 _lock = threading.Lock()
+#: what :func:`caller_needs` waits for (None: nothing), and the event the thread sets once none of it is left
+_awaited: frozenset[str] | None = None
+_awaited_done = threading.Event()
+#: the item the thread is working on (None between items)
+_in_flight: str | None = None
+#: what the caller waits for the thread at most (its imports take milliseconds; a start never hangs on it)
+NEED_WAIT_S = 2.0
 #: set once the caller's first load from the cache begins, or the interpreter exits: the thread's
 #: optional work (the operators' first use) stops
 _optional_stop = threading.Event()
@@ -215,13 +227,27 @@ class _Worker:
 
 
 def _drain() -> None:
-    global _draining
+    global _in_flight
+    try:
+        _drain_queue()
+    finally:
+        with _lock:
+            _in_flight = None
+            _awaited_done.set()
+
+
+def _drain_queue() -> None:
+    global _draining, _in_flight
     while True:
         with _lock:
+            _in_flight = None
+            if _awaited is not None and not _pending(_awaited):  # woken once, not at every item
+                _awaited_done.set()
             if not _queue:
                 _draining = False
                 return
             name = _queue.pop(0)
+            _in_flight = name
         if name == DYNAMO and name not in sys.modules:  # never import Dynamo here (its import failed)
             _stop()
             return
@@ -252,6 +278,48 @@ def on_thread() -> bool:
     then lists as alive for the rest of the process."""
     thread = _thread
     return thread is not None and thread.ident == threading.get_ident()
+
+
+def caller_needs(names: frozenset[str]) -> None:
+    """The caller is about to import ``names`` (and read the versions) while the thread may still be at
+    them: wait for the thread to finish them instead of importing beside it. Two threads importing
+    one list convoy on the interpreter (each file read hands it over, and taking it back waits up to a
+    switch interval): a tiny Llama built before the package's import, then loaded, took ~2-4 ms longer
+    than with no thread at all. Those of ``names`` still queued move to the front and everything else
+    queued waits behind them. Never from inside an import (the thread may need a module lock this
+    thread holds) and at most :data:`NEED_WAIT_S`: past it the caller imports what is left itself."""
+    global _awaited
+    thread = _thread
+    if thread is None or not thread.is_alive() or on_thread() or _inside_import():
+        return
+    with _lock:
+        _queue[:] = [n for n in _queue if n in names] + [n for n in _queue if n not in names]
+        if not _draining or not _pending(names):
+            return
+        _awaited = names
+        _awaited_done.clear()
+    try:
+        _awaited_done.wait(NEED_WAIT_S)
+    finally:
+        with _lock:
+            _awaited = None
+
+
+def _pending(names: frozenset[str]) -> bool:
+    """Whether the thread has any of ``names`` still to do (under :data:`_lock`; those queued lead)."""
+    return _in_flight in names or bool(_queue and _queue[0] in names)
+
+
+def _inside_import() -> bool:
+    """Whether this thread is importing a module (it then holds that module's import lock): a
+    ``from torchair_cached_backend import load`` alone runs importlib's frames too, but not this one."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == "_find_and_load" and code.co_filename.startswith("<frozen importlib"):
+            return True
+        frame = frame.f_back
+    return False
 
 
 def caller_loading() -> None:

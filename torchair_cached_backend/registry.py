@@ -30,6 +30,9 @@ def __getattr__(name: str) -> Any:
     bytecode capture: a root frame with no graph of its own (a forward that starts
     with a ``print``) is transformed before any graph reaches the backend."""
     if name == BACKEND_NAME:
+        from . import preload
+
+        preload.caller_needs(preload.ROUTE_NEEDS)  # the thread may be importing the route: wait, not race
         from .bypass.capture_hook import ensure_installed
 
         ensure_installed()
