@@ -239,7 +239,7 @@ def expected(m, x):
 #: never imported by a warm load + first call with the eager inner compiler
 NOT_ON_THE_WARM_PATH = ("torch._dynamo", "torch._inductor", "torchair_cached_backend.bypass.capture",
                         "torchair_cached_backend.bypass.guard_capture", "torchair_cached_backend.bypass.guard_codegen",
-                        "torchair_cached_backend.bypass.split_graph",
+                        "torchair_cached_backend.bypass.split_graph", "torchair_cached_backend.bypass.trace_mutations",
                         # the write side of the store and the encode side of the codec
                         "torchair_cached_backend.store_locks", "torchair_cached_backend.store_ledger",
                         "torchair_cached_backend.code_encode")

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from .. import code_codec
-from . import world_state
+from . import trace_mutations, world_state
 from .guard_codegen import LOCAL_RE, Unsupported, self_test, signature_params, source_module, without_lines
 from .guard_cold import pack_checks, short
 from .guard_runtime import CHECKS_FORMAT, HELPERS, function_modes, unwrap_attribute
@@ -531,20 +531,33 @@ def _traced_attributes(cls: type, traced: set[int]) -> list[tuple[str, types.Fun
 
 
 def _mutated_sources(output: Any) -> tuple[str, ...]:
-    """Source names (``L['self'].k``) of the attributes this frame assigns."""
+    """Source names of what this frame changes that existed before it: the attributes it assigns
+    (``L['self'].k``), the globals it assigns (``G['CALLS']``: Dynamo files a root frame's
+    ``global CALLS; CALLS += 1`` under the global's own source) and the containers it changes in
+    place (``L['self'].log`` appended to, a global dict set: ``trace_mutations`` kept them). A guard
+    on any of them is checked per call: the frame's next call sees the value its last call left."""
     side_effects = getattr(output, "side_effects", None)
     mutations = getattr(side_effects, "store_attr_mutations", None) or {}
     out = []
     for var, attrs in list(mutations.items()):
-        try:  # an object the frame creates itself has no source a guard could name
-            name = getattr(getattr(var, "source", None), "name", None)
-            if callable(name):
-                name = name()
-        except Exception:
+        name = trace_mutations.source_name(var)
+        if name is None:  # an object the frame creates itself has no source a guard could name
             continue
-        if isinstance(name, str):
-            out.extend(f"{name}.{attr}" for attr in attrs)
-    return tuple(out)
+        out.extend(f"{name}.{attr}" for attr in attrs)
+        source = getattr(var, "source", None)
+        if type(source).__name__ == "GlobalSource" and getattr(source, "global_name", None) in attrs:
+            out.append(name)  # the root frame's ``global CALLS; CALLS = ...``: filed as attribute CALLS of G['CALLS']
+        module = getattr(var, "value", None)
+        if isinstance(module, types.ModuleType):  # a module's global, read under any name bound to it
+            scope = getattr(output, "global_scope", None) or {}
+            aliases = [k for k, v in list(scope.items()) if v is module and k != name]
+            out.extend(f"G[{alias!r}].{attr}" for alias in aliases for attr in attrs)
+    in_place = getattr(side_effects, trace_mutations.ATTR, ())
+    if side_effects is not None and getattr(side_effects, "id_to_variable", None):  # not cleared yet
+        in_place += trace_mutations.modified_sources(side_effects)
+    if trace_mutations.UNKNOWN[0] in in_place:
+        raise Unsupported("the frame changes an object in place that no guard can name")
+    return tuple(out) + tuple(in_place)
 
 
 def _static(d: Any) -> bool:

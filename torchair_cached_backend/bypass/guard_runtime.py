@@ -38,8 +38,9 @@ from . import world_state
 #: checks, the full check and the explanations as separate parts; 4: a check repeated per
 #: item of a module list is one check in a loop over the items; 5: reads shared by guards bound
 #: once, resolved-method guards as memoizing sites, ``___dict_has``; 6: a function's bound
-#: values digested from their marshal form, not their JSON text)
-CHECKS_FORMAT = 6
+#: values digested from their marshal form, not their JSON text; 7: a guard on a global or a container
+#: the frame itself changes is a per-call check)
+CHECKS_FORMAT = 7
 _BLOB_MAGIC = b"npu_cached guards 4\0"
 _SIZES = struct.Struct("<3Q")
 

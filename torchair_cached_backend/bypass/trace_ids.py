@@ -53,6 +53,9 @@ def install() -> None:
     """Wrap Dynamo's ``id()`` and ``hash()`` once per process (inert outside :func:`enter`/:func:`leave`)."""
     with _lock:
         if not _installed:
+            from . import trace_mutations  # the other trace-time wrap: what the frame changes in place
+
+            trace_mutations.install()
             _wrap_builtins()
 
 

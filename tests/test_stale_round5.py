@@ -1,0 +1,128 @@
+"""The fifth review's stale replays: state the frame itself changes. Dynamo specializes on a global
+or a container's length the frame then changes (``global CALLS; CALLS += 1``, ``self.log.append``,
+a global of another module a helper rebinds),
+so each call is a new variant. A warm ``load()`` filed those guards as load-time ones: it replayed
+the first call's variant at every later call (outputs [1, 1, 1], the counter stuck at 1), silently
+wrong. A guard on anything the frame changes in place or assigns is now checked per call: the
+global's own source (Dynamo files a root frame's global store under it), a module's global under
+every name the frame's globals bind the module to, and the containers Dynamo
+tracked as changed (``bypass/trace_mutations``: kept past Dynamo's cleanup for the capture).
+"""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+CHILD = textwrap.dedent(
+    """
+    import os
+    import sys
+    import torch
+    import torchair_cached_backend as tcb
+    from child_helpers import frames, stats
+
+    ROOT, PHASE, ROUTE = os.environ["ROOT"], os.environ["PHASE"], os.environ.get("ROUTE")
+    with open(os.path.join(ROOT, "counter_module.py"), "w") as f:  # a global of another module, which
+        f.write("CALLS = 0\\ndef bump(x):\\n    global CALLS\\n    CALLS += 1\\n    return x + CALLS\\n")
+    sys.path.insert(0, ROOT)
+    import counter_module  # Dynamo reads under its own alias (G['__import_counter_module'])
+
+    CALLS = 0
+    HISTORY = []
+
+    class GlobalCounter(torch.nn.Module):
+        def forward(self, x):
+            global CALLS
+            CALLS += 1
+            return x + CALLS
+
+    class ListAttr(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.log = []
+
+        def forward(self, x):
+            self.log.append(1)
+            return x + len(self.log)
+
+    class DictAttr(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.seen = {}
+
+        def forward(self, x):
+            self.seen[len(self.seen)] = True
+            return x + len(self.seen)
+
+    class GlobalList(torch.nn.Module):
+        def forward(self, x):
+            HISTORY.append(1)
+            return x + len(HISTORY)
+
+    class OtherModuleGlobal(torch.nn.Module):
+        def forward(self, x):
+            return counter_module.bump(x)
+
+    def counting():
+        count = 0
+
+        def step(x):
+            nonlocal count
+            count += 1
+            return x + count
+
+        return step
+
+    class ClosureCell(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.step = counting()
+
+        def forward(self, x):
+            return self.step(x)
+
+    def state(m):
+        return {GlobalCounter: lambda: CALLS, ListAttr: lambda: len(m.log), DictAttr: lambda: len(m.seen),
+                GlobalList: lambda: len(HISTORY), OtherModuleGlobal: lambda: counter_module.CALLS,
+                ClosureCell: lambda: m.step.__closure__[0].cell_contents}[type(m)]()
+
+    out = {}
+    x = torch.zeros(2)
+    for cls in (GlobalCounter, ListAttr, DictAttr, GlobalList, OtherModuleGlobal, ClosureCell):
+        tcb.reset_stats()
+        f0 = frames()
+        m = cls()
+        d = os.path.join(ROOT, cls.__name__)
+        if PHASE == "cold" or ROUTE == "backend":
+            f = torch.compile(m, backend="npu_cached", options={"cache_dir": d, "compiler": "eager"})
+        else:
+            f = tcb.load(m, d, compiler="eager", fallback=True)
+        got = [f(x)[0].item() for _ in range(3)]
+        out[cls.__name__] = {"got": got, "state": state(m), "stats": stats(), "frames": frames() - f0}
+    emit(out)
+    """
+)
+CASES = ["GlobalCounter", "ListAttr", "DictAttr", "GlobalList", "OtherModuleGlobal", "ClosureCell"]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    from subprocess_helpers import run_python
+
+    root = str(tmp_path_factory.mktemp("round5_stale"))
+    cold = run_python(CHILD, env={"ROOT": root, "PHASE": "cold"})
+    warm = {route: run_python(CHILD, env={"ROOT": root, "PHASE": "warm", "ROUTE": route}) for route in ("load", "backend")}
+    return cold, warm
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("route", ["load", "backend"])
+def test_state_the_frame_changes_is_checked_on_every_call(runs, route, case):
+    cold, warm = runs
+    assert cold[case]["got"] == [1.0, 2.0, 3.0] and cold[case]["state"] == 3, cold[case]
+    entry = warm[route][case]
+    assert entry["got"] == [1.0, 2.0, 3.0] and entry["state"] == 3, entry
+    # replayed, not traced again: the cold process cached a variant for each call
+    assert entry["frames"] == 0 and entry["stats"]["bypass_loads"] >= 1, entry
