@@ -11,6 +11,7 @@ tracked as changed (``bypass/trace_mutations``: kept past Dynamo's cleanup for t
 
 from __future__ import annotations
 
+import shutil
 import textwrap
 
 import pytest
@@ -126,3 +127,72 @@ def test_state_the_frame_changes_is_checked_on_every_call(runs, route, case):
     assert entry["got"] == [1.0, 2.0, 3.0] and entry["state"] == 3, entry
     # replayed, not traced again: the cold process cached a variant for each call
     assert entry["frames"] == 0 and entry["stats"]["bypass_loads"] >= 1, entry
+
+
+TENSOR_METHOD = textwrap.dedent(
+    """
+    import os
+    import torch
+    import torchair_cached_backend as tcb
+    from child_helpers import stats
+
+    def by_two(t):
+        return t * 2
+
+    def by_three(t):
+        return t * 3
+
+    # a method a user sets on torch.Tensor, chosen at import (by an environment variable, a hardware probe)
+    torch.Tensor.my_scale = by_two if os.environ["PHASE"] == "cold" else by_three
+
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.ones(2))
+
+        def forward(self, x):
+            return (x * self.w).my_scale()  # called on a tensor the frame computed: no guard names it
+
+    ROOT, PHASE, ROUTE = os.environ["ROOT"], os.environ["PHASE"], os.environ.get("ROUTE")
+    m = M()
+    with torch.set_grad_enabled(os.environ["GRAD"] == "True"):
+        if PHASE == "cold" or ROUTE == "backend":
+            f = torch.compile(m, backend="npu_cached", options={"cache_dir": ROOT, "compiler": "eager"})
+        else:
+            f = tcb.load(m, ROOT, compiler="eager", fallback=True)
+        got, want = f(torch.ones(2)), m(torch.ones(2))
+    emit({"got": got.tolist(), "want": want.tolist(), "stats": stats()})
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def tensor_method_runs(tmp_path_factory):
+    from subprocess_helpers import run_python
+
+    cold, warm = {}, {}
+    for grad in ("True", "False"):  # each in processes of its own; each route on its own copy of the cold cache
+        base = tmp_path_factory.mktemp(f"round5_tensor_method_{grad}")
+        cold[grad] = run_python(TENSOR_METHOD, env={"ROOT": str(base / "cold"), "PHASE": "cold", "GRAD": grad})
+        warm[grad] = {}
+        for route in ("load", "backend"):
+            shutil.copytree(base / "cold", base / route)
+            warm[grad][route] = run_python(
+                TENSOR_METHOD, env={"ROOT": str(base / route), "PHASE": "warm", "ROUTE": route, "GRAD": grad})
+    return cold, warm
+
+
+@pytest.mark.parametrize("grad", ["True", "False"])
+@pytest.mark.parametrize("route", ["load", "backend"])
+def test_a_method_set_on_torch_tensor_is_the_one_the_graph_was_traced_with(tensor_method_runs, route, grad):
+    # the graph names the method only (a call_method node); its compiled form held the cold process's
+    # function: the warm start replayed x * 2 where eager computes x * 3 (and a recompile hit the same
+    # graph key). Now the graph's key holds what torch.Tensor resolves the name to (a user's function
+    # by its content), re-checked before a stored graph runs: the changed one is compiled again
+    cold, warm = tensor_method_runs
+    assert cold[grad]["got"] == cold[grad]["want"] == [2.0, 2.0], cold
+    entry = warm[grad][route]
+    assert entry["got"] == entry["want"] == [3.0, 3.0], entry
+    if grad == "True":  # the training graph AOTAutograd traced holds x * 2: rebuilt, and counted
+        assert entry["stats"].get("fallbacks", 0) >= 1, entry
+    # (under no_grad the eager inner compiler's graph calls the method by name: the live one runs)

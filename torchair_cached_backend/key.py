@@ -56,6 +56,8 @@ def stale_call_targets(recorded: dict[str, dict[str, Any]] | None) -> list[str]:
                 from .key_graph import function_description
 
                 now = digest(function_description(obj))
+            elif item.get("kind") == "tensor_method":
+                now = digest(tensor_method_description(item["method"]))
             elif item.get("kind") == "op":
                 import torch
 
@@ -70,6 +72,29 @@ def stale_call_targets(recorded: dict[str, dict[str, Any]] | None) -> list[str]:
         if now != item.get("digest"):
             stale.append(f"{name} (called by the graph) was edited")
     return stale
+
+
+def tensor_method_description(name: str) -> str:
+    """What ``tensor.<name>(...)`` resolves to on torch.Tensor, which a graph's ``call_method`` node
+    names only: a built-in or a library's function by its name (the library's version is in every
+    key), a user's function set on torch.Tensor by what it computes (the compiled graph holds what it
+    did when traced; Dynamo neither inlines nor guards it)."""
+    import inspect
+    import types
+
+    import torch
+
+    raw = inspect.getattr_static(torch.Tensor, name, None)
+    fn = raw.__func__ if isinstance(raw, (staticmethod, classmethod)) else raw
+    if isinstance(fn, types.FunctionType):
+        from .bypass.sources import is_library_file
+
+        if fn.__code__.co_filename.startswith("<") or not is_library_file(fn.__code__.co_filename):
+            from .key_graph import function_description
+
+            return "function:" + digest(function_description(fn))
+    return (f"{type(raw).__module__}.{type(raw).__qualname__}:"
+            f"{getattr(raw, '__module__', None)}.{getattr(raw, '__qualname__', None)}")
 
 
 def decomposition_factors(decomps: dict[Any, Any] | None) -> dict[str, str] | None:

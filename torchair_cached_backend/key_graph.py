@@ -120,6 +120,8 @@ def call_target_factors(gm: Any) -> dict[str, dict[str, Any]]:
     * a Python function a ``call_function`` node calls (``torch._dynamo.allow_in_graph``
       helpers): its code, defaults and closure contents (installed libraries' functions
       count by the library's version, as traced code does);
+    * a method a ``call_method`` node calls on a tensor: what torch.Tensor resolves it to
+      (``key.tensor_method_description``: a function a user set there, by its content);
     * an operator of a user namespace with a ``CompositeImplicitAutograd`` kernel (a
       ``torch.library`` op implemented in Python, which AOTAutograd / Inductor trace
       through): the operations its kernel runs on meta tensors of the node's inputs.
@@ -130,6 +132,12 @@ def call_target_factors(gm: Any) -> dict[str, dict[str, Any]]:
 
     out: dict[str, dict[str, Any]] = {}
     for node in gm.graph.nodes:
+        if node.op == "call_method" and isinstance(node.target, str):  # what torch.Tensor resolves it to
+            name = f"torch.Tensor.{node.target}"
+            if name not in out:
+                out[name] = {"kind": "tensor_method", "method": node.target,
+                             "digest": digest(keys.tensor_method_description(node.target))}
+            continue
         if node.op != "call_function":
             continue
         target = node.target
