@@ -7,6 +7,10 @@ wrong. A guard on anything the frame changes in place or assigns is now checked 
 global's own source (Dynamo files a root frame's global store under it), a module's global under
 every name the frame's globals bind the module to, and the containers Dynamo
 tracked as changed (``bypass/trace_mutations``: kept past Dynamo's cleanup for the capture).
+
+Two more the same review found: a method a user set on ``torch.Tensor`` that the graph calls by name
+(its compiled training graph held the cold body), and arguments sharing memory (a view of an argument
+the frame changes in place) served a graph compiled for distinct ones.
 """
 
 from __future__ import annotations
@@ -196,3 +200,107 @@ def test_a_method_set_on_torch_tensor_is_the_one_the_graph_was_traced_with(tenso
     if grad == "True":  # the training graph AOTAutograd traced holds x * 2: rebuilt, and counted
         assert entry["stats"].get("fallbacks", 0) >= 1, entry
     # (under no_grad the eager inner compiler's graph calls the method by name: the live one runs)
+
+
+SHARING = textwrap.dedent(
+    """
+    import os
+    import torch
+    import torchair_cached_backend as tcb
+    from child_helpers import stats
+
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.lin = torch.nn.Linear(8, 8)
+
+        def forward(self, x, y):
+            x.mul_(2)  # changes y too when y is a view of x
+            return self.lin(y) + 1
+
+    def inputs(shared):
+        x = torch.arange(24.0).reshape(3, 8) / 10
+        return (x, x[1]) if shared else (x, (torch.arange(24.0).reshape(3, 8) / 10)[1])
+
+    ROOT, PHASE, ROUTE = os.environ["ROOT"], os.environ["PHASE"], os.environ.get("ROUTE")
+    m = M()
+    if PHASE == "cold" or ROUTE == "backend":
+        f = torch.compile(m, backend="npu_cached", options={"cache_dir": ROOT, "compiler": "eager"})
+    else:
+        f = tcb.load(m, ROOT, compiler="eager", fallback=True)
+    shared = PHASE == "warm"
+    got, want = f(*inputs(shared)), m(*inputs(shared))
+    emit({"ok": bool(torch.allclose(got, want)), "stats": stats()})
+    """
+)
+
+
+@pytest.mark.parametrize("route", ["load", "backend"])
+def test_arguments_sharing_memory_are_not_served_a_graph_compiled_for_distinct_ones(tmp_path, route):
+    # cold: x and y distinct; warm: y a view of x, which the frame changes in place. The variant's checks
+    # held only that they are distinct objects, and the graph key their metadata alone: the warm call
+    # replayed (and a recompile reloaded) the graph that reads y before x.mul_(2). Now the per-call
+    # checks and the graph key hold which arguments share memory
+    from subprocess_helpers import run_python
+
+    root = str(tmp_path / "cache")
+    cold = run_python(SHARING, env={"ROOT": root, "PHASE": "cold"})
+    assert cold["ok"], cold
+    warm = run_python(SHARING, env={"ROOT": root, "PHASE": "warm", "ROUTE": route})
+    assert warm["ok"], warm
+    assert warm["stats"].get("fallbacks", 0) >= 1, warm  # compiled for the sharing, and counted
+
+
+FOLDED = textwrap.dedent(
+    """
+    import os
+    import torch
+    import torchair_cached_backend as tcb
+    from child_helpers import stats
+
+    ROOT, PHASE, ROUTE = os.environ["ROOT"], os.environ["PHASE"], os.environ.get("ROUTE")
+    torch.backends.cuda.matmul.allow_tf32 = PHASE == "warm"  # set at start-up (a launcher's choice)
+
+    class Version(torch.nn.Module):
+        def forward(self, x):
+            return x + x._version  # the graph calls prims._tensor_version, registered by Dynamo's import
+
+    class Flag(torch.nn.Module):
+        def forward(self, x):
+            return x * 2 if torch.backends.cuda.matmul.allow_tf32 else x * 3  # folded, unguarded by Dynamo
+
+    out = {}
+    for cls in (Version, Flag):
+        tcb.reset_stats()
+        m, d = cls(), os.path.join(ROOT, cls.__name__)
+        if PHASE == "cold" or ROUTE == "backend":
+            f = torch.compile(m, backend="npu_cached", options={"cache_dir": d, "compiler": "eager"})
+        else:
+            f = tcb.load(m, d, compiler="eager", fallback=True)
+        try:
+            got = f(torch.ones(2)).tolist()
+        except Exception as exc:
+            got = f"{type(exc).__name__}: {exc}"
+        out[cls.__name__] = {"got": got, "want": m(torch.ones(2)).tolist(), "stats": stats()}
+    emit(out)
+    """
+)
+
+
+@pytest.mark.parametrize("route", ["load", "backend"])
+def test_values_dynamo_folds_without_a_guard_of_its_own(tmp_path, route):
+    # x._version: the warm replay (Dynamo never imported on load()'s route) crashed: the graph calls
+    # prims._tensor_version, an operator torch registers when Dynamo's tensor_version_op is imported.
+    # torch.backends.cuda.matmul.allow_tf32 (and its siblings) read in forward: Dynamo folds the value
+    # without a guard, and the warm start replayed the cold process's branch. Now a load-time check
+    from subprocess_helpers import run_python
+
+    root = str(tmp_path / "cache")
+    cold = run_python(FOLDED, env={"ROOT": root, "PHASE": "cold"})
+    assert cold["Version"]["got"] == cold["Version"]["want"] and cold["Flag"]["got"] == [3.0, 3.0], cold
+    warm = run_python(FOLDED, env={"ROOT": root, "PHASE": "warm", "ROUTE": route})
+    assert warm["Version"]["got"] == warm["Version"]["want"], warm["Version"]
+    assert warm["Version"]["stats"]["bypass_loads"] == 1, warm["Version"]  # replayed
+    assert warm["Flag"]["got"] == warm["Flag"]["want"] == [2.0, 2.0], warm["Flag"]
+    assert warm["Flag"]["stats"].get("fallbacks", 0) >= 1, warm["Flag"]

@@ -74,6 +74,21 @@ def stale_call_targets(recorded: dict[str, dict[str, Any]] | None) -> list[str]:
     return stale
 
 
+def storage_groups(tensors: Any) -> tuple[int, ...]:
+    """Which of ``tensors`` share memory (views of one tensor): for each, the index of the first one
+    with its storage. A graph is compiled for the sharing of its inputs (AOTAutograd reads a view
+    the graph changes through its base only when it sees the base shared)."""
+    first: dict[Any, int] = {}
+    out = []
+    for i, t in enumerate(tensors):
+        try:
+            key: Any = (t.device, t.untyped_storage().data_ptr())
+        except Exception:  # noqa: BLE001  (no storage of its own: a subclass, a sparse tensor) by identity
+            key = id(t)
+        out.append(first.setdefault(key, i))
+    return tuple(out)
+
+
 def tensor_method_description(name: str) -> str:
     """What ``tensor.<name>(...)`` resolves to on torch.Tensor, which a graph's ``call_method`` node
     names only: a built-in or a library's function by its name (the library's version is in every

@@ -334,6 +334,10 @@ def input_factors(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> list[A
             out.append({"symint": str(fake if fake is not None else value)})
         else:
             out.append({"value": _describe_value(value)})
+    tensors = [value for value in example_inputs if isinstance(value, torch.Tensor)]
+    groups = keys.storage_groups(tensors)
+    if groups != tuple(range(len(tensors))):  # inputs sharing memory: compiled for that sharing
+        out.append({"storage_groups": list(groups)})
     return out
 
 

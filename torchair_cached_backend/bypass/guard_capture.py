@@ -444,6 +444,12 @@ class _Builder:
             now = HELPERS["___dist"]()
             self.add(f"(___dist() == {now!r})", "load", f"process group (initialized, rank, world size) == {now}",
                      "PROCESS_STATE", "___dist()", now)
+        if reads.matmul:
+            flags = tuple(sorted(reads.matmul))
+            now = HELPERS["___matmul"](flags)
+            self.add(f"(___matmul({flags!r}) == {now!r})", "load",
+                     f"torch.backends.cuda.matmul {dict(zip(flags, now, strict=True))}", "PROCESS_STATE",
+                     f"___matmul({flags!r})", now)
         names = sorted(reads.env)
         if reads.hash_str:
             from .process_state import fixed_hash_seed
@@ -703,7 +709,7 @@ def capture_frame_guards(
 
 def _distinct_tensor_args(builder: _Builder, local_scope: dict[str, Any]) -> None:
     """Dynamo compiles assuming distinct argument tensors are distinct objects."""
-    seen: dict[int, str] = {}
+    seen: dict[int, tuple[str, Any]] = {}
     for entry in builder.guards:
         if entry["kind"] != "TENSOR_MATCH" or entry["scope"] != "call":
             continue
@@ -712,10 +718,16 @@ def _distinct_tensor_args(builder: _Builder, local_scope: dict[str, Any]) -> Non
             value = eval(expr, dict(HELPERS), {"L": local_scope})  # noqa: S307 - our own expression
         except Exception:
             continue
-        seen.setdefault(id(value), expr)
-    refs = list(seen.values())
+        seen.setdefault(id(value), (expr, value))
+    refs = [expr for expr, _ in seen.values()]
     if len(refs) > 1:
         builder.add(f"(len({{{', '.join(f'id({r})' for r in refs)}}}) == {len(refs)})", "call",
                     "tensor arguments are distinct objects", "NO_TENSOR_ALIASING")
+        # which of them share memory (views of one tensor): the graph was compiled for this sharing. A
+        # frame changing one in place read the other as the cold call's sharing had it (AOTAutograd
+        # guards a sharing it saw, not its absence): x.mul_(2) then y, y a view of x, replayed unshared
+        pattern = HELPERS["___storages"](*(value for _, value in seen.values()))
+        builder.add(f"(___storages({', '.join(refs)}) == {pattern!r})", "call",
+                    f"tensor arguments share memory as they did (groups {pattern})", "STORAGE_SHARING")
 
 

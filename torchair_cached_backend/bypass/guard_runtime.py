@@ -32,6 +32,7 @@ from typing import Any
 import torch
 
 from .. import code_codec
+from ..key import storage_groups
 from . import world_state
 
 #: bumped when the generated check module's contract changes (3: the blob holds the
@@ -375,6 +376,19 @@ def _dist_state() -> tuple[Any, ...]:
     return (True, dist.get_rank(), dist.get_world_size())
 
 
+def _matmul(flags: tuple[str, ...]) -> tuple[Any, ...]:
+    """``torch.backends.cuda.matmul``'s ``flags`` (None where this torch has no such flag): a
+    forward that reads one has its value folded into the graph."""
+    matmul = torch.backends.cuda.matmul
+    out = []
+    for flag in flags:
+        try:
+            out.append(getattr(matmul, flag))
+        except Exception:  # noqa: BLE001  (not a flag of this torch)
+            out.append(None)
+    return tuple(out)
+
+
 def _env(names: tuple[str, ...]) -> tuple[Any, ...]:
     """The environment variables ``names`` (None when unset): a forward that reads one
     has its value folded into the graph. Read as ``os.environ.get`` reads them (its
@@ -452,7 +466,9 @@ HELPERS: dict[str, Any] = {
     "___dict_has": dict.__contains__,
     "___resolved": _resolved,
     "___dist": _dist_state,
+    "___storages": lambda *tensors: storage_groups(tensors),
     "___env": _env,
+    "___matmul": _matmul,
     "___from_numpy": _from_numpy,
     "___tf_modes": function_modes,
     "___get_torch_function_mode_stack_at": lambda i: torch._C._get_function_stack_at(i),

@@ -1,7 +1,8 @@
 """Process state Dynamo folds into a graph as constants, without a guard of its own.
 
 ``dist.get_rank()``, ``dist.get_world_size()``, ``dist.is_initialized()``,
-``os.environ.get("X")`` / ``os.getenv("X")`` and ``hash(str)`` are evaluated
+``os.environ.get("X")`` / ``os.getenv("X")``, ``hash(str)`` and the
+``torch.backends.cuda.matmul`` flags (``allow_tf32``...) are evaluated
 while tracing and their values baked into the graph; Dynamo installs no guard
 for them (in-process they cannot change under a compiled frame). A warm start in
 another process can differ in all of them, so capture scans the code the frame
@@ -26,6 +27,12 @@ DIST_FUNCTIONS = frozenset({
 #: of those, the names specific enough to look for in bytecode (``is_available`` is also CUDA's...)
 _DIST_NAMES = DIST_FUNCTIONS - {"is_available", "get_backend"}
 _ENV_NAMES = frozenset({"environ", "getenv", "environb", "getenvb"})
+#: ``torch.backends.cuda.matmul`` flags: properties of a module object, read through C calls Dynamo
+#: folds without a guard (``torch.backends.cudnn``'s are plain module attributes, which it guards)
+MATMUL_FLAGS = frozenset({
+    "allow_tf32", "allow_fp16_reduced_precision_reduction", "allow_bf16_reduced_precision_reduction",
+    "allow_fp16_accumulation", "fp32_precision",
+})
 _LOADS = frozenset({"LOAD_GLOBAL", "LOAD_NAME", "LOAD_ATTR", "LOAD_METHOD", "IMPORT_FROM", "LOAD_DEREF"})
 _ENV_VAR = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 
@@ -39,6 +46,8 @@ class StateReads:
     hash_str: bool = False
     #: the environment is read, under no name found as a constant of the traced code
     env_unnamed: bool = False
+    #: ``torch.backends.cuda.matmul`` flags the traced code may read (by attribute name)
+    matmul: set[str] = field(default_factory=set)
 
 
 def _walk(code: types.CodeType, seen: set[int]) -> list[types.CodeType]:
@@ -80,6 +89,8 @@ def process_state_reads(codes: list[types.CodeType], values: list[object]) -> St
             attrs = {ins.argval for ins in dis.get_instructions(code) if ins.opname in _LOADS and isinstance(ins.argval, str)}
             if attrs & _DIST_NAMES:
                 reads.dist = True
+            if "matmul" in attrs:  # ``torch.backends.cuda.matmul.<flag>``: the flags it names, to be safe
+                reads.matmul.update(attrs & MATMUL_FLAGS)
             if attrs & _ENV_NAMES:
                 reads.env.update(c for c in code.co_consts if isinstance(c, str) and _ENV_VAR.fullmatch(c))
     reads.env_unnamed = env_used and not reads.env

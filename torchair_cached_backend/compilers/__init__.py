@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import marshal
+import sys
 import types
 from typing import TYPE_CHECKING, Any
 
@@ -59,8 +60,19 @@ class Artifact:
         return f"Artifact(files={sorted(self.files)}, meta_keys={sorted(self.meta)}, root={self.root!r})"
 
 
+#: operators a stored graph may call that torch registers only when a module of its own is imported
+#: (Dynamo's, for ``x._version``): a warm process that never imported it crashed in the graph
+OPS_REGISTERED_ON_IMPORT = {b"prims._tensor_version": "torch._dynamo.tensor_version_op"}
+
+
 def load_code(files: dict[str, bytes], name: str, filename: str) -> types.CodeType:
-    """The code object of ``files[name]``: unmarshalled when precompiled, else compiled."""
+    """The code object of ``files[name]``: unmarshalled when precompiled, else compiled. Operators
+    its source calls that torch registers on an import (:data:`OPS_REGISTERED_ON_IMPORT`) are
+    registered first."""
+    source = files.get(name) or b""
+    for op, module in OPS_REGISTERED_ON_IMPORT.items():
+        if op in source and module not in sys.modules:
+            importlib.import_module(module)
     blob = files.get(name + SUFFIX)
     if blob is not None:
         code = marshal.loads(blob)
