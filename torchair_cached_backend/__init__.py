@@ -36,18 +36,14 @@ _LAZY = {
 }
 
 
-#: lazy names whose modules the background thread imports: the set of :mod:`.preload` their first use waits for
-_PRELOADED_NEEDS = {"load": "LOAD_NEEDS", "CacheMiss": "LOAD_NEEDS", "cache_compile": "DROP_IN_NEEDS"}
-
-
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
         import importlib
 
         module, attr = _LAZY[name]
-        needs = _PRELOADED_NEEDS.get(name)
+        needs = _preload.FIRST_USE_NEEDS.get(name)
         if needs:  # the thread may be importing the warm path right now: wait for it rather than race it
-            _preload.caller_needs(getattr(_preload, needs))
+            _preload.caller_needs(needs)
         value = getattr(importlib.import_module(f"{__name__}.{module}"), attr)
         globals()[name] = value
         return value

@@ -109,6 +109,8 @@ _KEPT_BY_ROUTE_LOAD = _KEPT_BY_LOAD | frozenset(ROUTE_MISS)
 LOAD_NEEDS = _KEPT_BY_LOAD
 ROUTE_NEEDS = _KEPT_BY_LOAD | {DYNAMO, *ROUTE, *TORCH_FIRST_USE}
 DROP_IN_NEEDS = _KEPT_BY_LOAD | frozenset(DROP_IN)
+#: the package's lazy names whose modules the thread imports -> what their first use waits for
+FIRST_USE_NEEDS = {"load": LOAD_NEEDS, "CacheMiss": LOAD_NEEDS, "cache_compile": DROP_IN_NEEDS}
 
 _lock = threading.Lock()
 #: what :func:`caller_needs` waits for (None: nothing), and the event the thread sets once none of it is left
