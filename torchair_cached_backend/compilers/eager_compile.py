@@ -142,6 +142,10 @@ def _package_graph(gm: Any, prefix: str) -> tuple[dict[str, bytes], dict[str, An
                 continue
             if not isinstance(value, torch.Tensor):
                 raise _Uncacheable(f"graph attribute {target!r} is not a tensor")
+            if _read_by_identity(value):
+                raise _Uncacheable(
+                    f"graph attribute {target!r} is a tensor of the process's own that Dynamo reads by identity "
+                    "(an optimizer's parameter, a static address): a stored copy would go stale")
             constants[target] = value.detach()
     if subgraphs:
         files[prefix + SUBGRAPHS] = json.dumps(subgraphs, sort_keys=True).encode()
@@ -152,6 +156,19 @@ def _package_graph(gm: Any, prefix: str) -> tuple[dict[str, bytes], dict[str, An
 
         files[prefix + CONSTANTS] = save_tensors(constants)
     return files, refs
+
+
+def _read_by_identity(value: Any) -> bool:
+    """A graph attribute that is live state, not a constant Dynamo made while tracing: a parameter
+    (an optimizer's, installed by identity), a tensor marked with a static address, or any attribute
+    when Dynamo installs free tensors (globals, closures) as attributes. The graph updates or reads
+    the process's own tensor; a copy stored in ``constants.pt`` would be changed or read instead."""
+    import torch
+    from torch._dynamo import config as dynamo_config
+    from torch._dynamo.utils import get_static_address_type
+
+    return (isinstance(value, torch.nn.Parameter) or get_static_address_type(value) is not None
+            or bool(getattr(dynamo_config, "install_free_tensors", False)))
 
 
 def _package_subgraph(sub: Any, target: str, prefix: str, files: dict[str, bytes]) -> dict[str, Any]:
