@@ -142,7 +142,7 @@ def _package_graph(gm: Any, prefix: str) -> tuple[dict[str, bytes], dict[str, An
                 continue
             if not isinstance(value, torch.Tensor):
                 raise _Uncacheable(f"graph attribute {target!r} is not a tensor")
-            if _read_by_identity(value):
+            if _read_by_identity(value) and not _frozen(gm, target, node):
                 raise _Uncacheable(
                     f"graph attribute {target!r} is a tensor of the process's own that Dynamo reads by identity "
                     "(an optimizer's parameter, a static address): a stored copy would go stale")
@@ -169,6 +169,30 @@ def _read_by_identity(value: Any) -> bool:
 
     return (isinstance(value, torch.nn.Parameter) or get_static_address_type(value) is not None
             or bool(getattr(dynamo_config, "install_free_tensors", False)))
+
+
+def _frozen(gm: Any, target: str, node: Any) -> bool:
+    """A module's parameter held as a constant under Inductor's ``freezing`` (the user's promise that
+    weights do not change; the loader compares its value with the live module's,
+    ``key_graph.module_tensor_factors``), which the graph itself never changes in place."""
+    from torch._dynamo.utils import is_parameter_freezing
+
+    names = getattr(gm, "meta", {}).get("dynamo_flat_name_to_original_fqn") or {}
+    return is_parameter_freezing() and target in names and not any(_mutates(user, node) for user in node.users)
+
+
+def _mutates(user: Any, node: Any) -> bool:
+    """Whether ``user`` may write ``node`` in place: an in-place method or operator taking it
+    (a schema that says so, or a trailing underscore where there is none), conservatively."""
+    if user.op == "call_method":
+        return str(user.target).endswith("_") and user.args[:1] == (node,)
+    schema = getattr(user.target, "_schema", None)
+    if schema is not None:
+        return bool(schema.is_mutable)
+    name = getattr(user.target, "__name__", "")
+    if getattr(user.target, "__module__", None) in ("_operator", "operator"):  # x[i] = v, x += v
+        return name in ("setitem", "delitem") or name.startswith("i")
+    return name.endswith("_") or "out" in user.kwargs
 
 
 def _package_subgraph(sub: Any, target: str, prefix: str, files: dict[str, bytes]) -> dict[str, Any]:
