@@ -5,8 +5,10 @@ optimizer's parameters (``opt.step`` compiled, or a hand-written update reading
 ``opt.param_groups``), a tensor marked with ``torch._dynamo.mark_static_address``. The eager inner
 compiler stored every attribute in ``constants.pt``, so a warm process's graph hit updated stored
 copies in place: the model's parameters never moved (max difference 0.58 after three SGD steps),
-silently. Such graphs are now compiled, not cached (as the Inductor and torchair compilers already
-refuse them), on both routes; the cold and warm runs are fresh processes.
+silently; a forward that reads its optimizer (``self.opt.param_groups[0]["lr"]``) returned outputs
+with no gradient in a warm process (training silently stopped). Such graphs are now compiled, not
+cached (as the Inductor and torchair compilers already refuse them), on both routes; the cold and
+warm runs are fresh processes.
 """
 
 from __future__ import annotations
@@ -49,8 +51,32 @@ CHILD = textwrap.dedent(
             return torch.compile(fn, backend="npu_cached", options={"cache_dir": ROOT, "compiler": "eager"})
         return tcb.load(fn, ROOT, compiler="eager", fallback=True)
 
+    class ScaledByLr(torch.nn.Module):  # a forward that reads its optimizer (a learning-rate-aware loss scale)
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(8, 4)
+            self.opt = torch.optim.SGD(self.lin.parameters(), lr=0.5)
+
+        def forward(self, x):
+            group = self.opt.param_groups[0]  # the group as a value: Dynamo installs its parameters
+            return self.lin(x) * group["lr"]
+
     diffs = []
-    if CASE == "static":
+    if CASE == "reads_optimizer":
+        scaled = ScaledByLr()
+        twin_scaled = copy.deepcopy(scaled)
+        f = compiled(scaled)
+        for it in range(3):
+            x = torch.randn(4, 8, generator=torch.Generator().manual_seed(it))
+            got, want = f(x), twin_scaled(x)
+            if not got.requires_grad:  # the graph held detached copies of the parameters: no gradient at all
+                diffs.append(float("inf"))
+                continue
+            got.sum().backward()
+            want.sum().backward()
+            pairs = zip(scaled.parameters(), twin_scaled.parameters())
+            diffs.append(max([(got - want).abs().max().item()] + [(p.grad - q.grad).abs().max().item() for p, q in pairs]))
+    elif CASE == "static":
         f = compiled(accumulate)
         for it in range(3):
             x = torch.full((4,), float(it + 1))
@@ -72,7 +98,7 @@ CHILD = textwrap.dedent(
     """
 )
 
-CASES = ["hand_update", "opt_step", "static"]
+CASES = ["hand_update", "opt_step", "static", "reads_optimizer"]
 
 
 @pytest.fixture(scope="module")
