@@ -292,8 +292,14 @@ def module_tensor_factors(gm: Any, graph: dict[str, Any]) -> dict[str, str]:
     into the kernels): the loader compares them with the live module's, so a new
     checkpoint never runs with the old values. ``fqn`` is relative to the frame's
     root module, as Dynamo's ``dynamo_flat_name_to_original_fqn`` records it."""
-    names = getattr(gm, "meta", {}).get("dynamo_flat_name_to_original_fqn") or {}
+    names = module_tensor_names(gm)
     return {str(names[t]): d for t, d in graph["constants"].items() if t in names}
+
+
+def module_tensor_names(gm: Any) -> dict[str, str]:
+    """``{graph attribute: fqn}`` of the module parameters/buffers ``gm`` holds as attributes:
+    those :func:`module_tensor_factors` puts in the key, compared with the live module at load."""
+    return getattr(gm, "meta", {}).get("dynamo_flat_name_to_original_fqn") or {}
 
 
 def _fetch_attr(gm: Any, target: str) -> Any:

@@ -71,7 +71,7 @@ def load_code(files: dict[str, bytes], name: str, filename: str) -> types.CodeTy
     registered first."""
     source = files.get(name) or b""
     for op, module in OPS_REGISTERED_ON_IMPORT.items():
-        if op in source and module not in sys.modules:
+        if module not in sys.modules and op in source:  # (once imported: no scan of the source)
             importlib.import_module(module)
     blob = files.get(name + SUFFIX)
     if blob is not None:

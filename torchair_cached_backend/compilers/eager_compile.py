@@ -177,13 +177,17 @@ def _frozen(gm: Any, target: str, node: Any) -> bool:
     ``key_graph.module_tensor_factors``), which the graph itself never changes in place."""
     from torch._dynamo.utils import is_parameter_freezing
 
-    names = getattr(gm, "meta", {}).get("dynamo_flat_name_to_original_fqn") or {}
-    return is_parameter_freezing() and target in names and not any(_mutates(user, node) for user in node.users)
+    from ..key_graph import module_tensor_names
+
+    return (is_parameter_freezing() and target in module_tensor_names(gm)
+            and not any(_mutates(user, node) for user in node.users))
 
 
 def _mutates(user: Any, node: Any) -> bool:
     """Whether ``user`` may write ``node`` in place: an in-place method or operator taking it
-    (a schema that says so, or a trailing underscore where there is none), conservatively."""
+    (a schema that says so, or a trailing underscore where there is none; any ``operator.i*``).
+    Direct uses only: a view of the parameter changed in place is not seen (under ``freezing``,
+    the user's promise covers it, as it does for Inductor's folded weights)."""
     if user.op == "call_method":
         return str(user.target).endswith("_") and user.args[:1] == (node,)
     schema = getattr(user.target, "_schema", None)
