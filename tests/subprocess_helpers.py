@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
+from typing import Any
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -46,3 +48,15 @@ def run_python(code: str, *, env: dict[str, str] | None = None, cwd: str | None 
     result = json.loads(lines[-1])
     result["_stderr"] = proc.stderr
     return result
+
+
+def cold_then_warm_routes(code: str, base: Any, env: dict[str, str]) -> tuple[dict, dict[str, dict]]:
+    """``code`` cold in a fresh process (cache ``base/cold``), then warm once per route (``load``,
+    ``backend``), each in a fresh process on its own copy of the cold cache. ``env`` goes to all three
+    with ``ROOT``, ``PHASE`` and (warm) ``ROUTE`` set. Returns ``(cold, {route: warm})``."""
+    cold = run_python(code, env={**env, "ROOT": os.path.join(base, "cold"), "PHASE": "cold"})
+    warm = {}
+    for route in ("load", "backend"):
+        shutil.copytree(os.path.join(base, "cold"), os.path.join(base, route))
+        warm[route] = run_python(code, env={**env, "ROOT": os.path.join(base, route), "PHASE": "warm", "ROUTE": route})
+    return cold, warm

@@ -13,7 +13,6 @@ warm runs are fresh processes.
 
 from __future__ import annotations
 
-import shutil
 import textwrap
 
 import pytest
@@ -103,16 +102,11 @@ CASES = ["hand_update", "opt_step", "static", "reads_optimizer"]
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    from subprocess_helpers import run_python
+    from subprocess_helpers import cold_then_warm_routes
 
     cold, warm = {}, {}
     for case in CASES:  # one cold cache per case; each route warms on its own copy of it
-        base = tmp_path_factory.mktemp(f"live_{case}")
-        cold[case] = run_python(CHILD, env={"ROOT": str(base / "cold"), "PHASE": "cold", "CASE": case})
-        for route in ("load", "backend"):
-            shutil.copytree(base / "cold", base / route)
-            warm[case, route] = run_python(
-                CHILD, env={"ROOT": str(base / route), "PHASE": "warm", "ROUTE": route, "CASE": case})
+        cold[case], warm[case] = cold_then_warm_routes(CHILD, tmp_path_factory.mktemp(f"live_{case}"), {"CASE": case})
     return cold, warm
 
 
@@ -121,7 +115,7 @@ def runs(tmp_path_factory):
 def test_a_tensor_dynamo_reads_by_identity_is_the_live_one_after_a_warm_start(runs, route, case):
     cold, warm = runs
     assert max(cold[case]["diffs"]) < 1e-6, cold[case]
-    entry = warm[case, route]
+    entry = warm[case][route]
     # before: the warm graph hit changed stored copies (0.58 after the first SGD step), the model never moved
     assert max(entry["diffs"]) < 1e-6, entry
     # compiled, not cached: said once in the stats, never a hit on a stored graph

@@ -15,7 +15,6 @@ the frame changes in place) served a graph compiled for distinct ones.
 
 from __future__ import annotations
 
-import shutil
 import textwrap
 
 import pytest
@@ -172,17 +171,12 @@ TENSOR_METHOD = textwrap.dedent(
 
 @pytest.fixture(scope="module")
 def tensor_method_runs(tmp_path_factory):
-    from subprocess_helpers import run_python
+    from subprocess_helpers import cold_then_warm_routes
 
     cold, warm = {}, {}
     for grad in ("True", "False"):  # each in processes of its own; each route on its own copy of the cold cache
         base = tmp_path_factory.mktemp(f"round5_tensor_method_{grad}")
-        cold[grad] = run_python(TENSOR_METHOD, env={"ROOT": str(base / "cold"), "PHASE": "cold", "GRAD": grad})
-        warm[grad] = {}
-        for route in ("load", "backend"):
-            shutil.copytree(base / "cold", base / route)
-            warm[grad][route] = run_python(
-                TENSOR_METHOD, env={"ROOT": str(base / route), "PHASE": "warm", "ROUTE": route, "GRAD": grad})
+        cold[grad], warm[grad] = cold_then_warm_routes(TENSOR_METHOD, base, {"GRAD": grad})
     return cold, warm
 
 
