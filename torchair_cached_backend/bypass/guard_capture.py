@@ -26,6 +26,7 @@ import json
 import math
 import re
 import types
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -35,13 +36,15 @@ from . import trace_mutations, world_state
 from .guard_codegen import LOCAL_RE, Unsupported, self_test, signature_params, source_module, without_lines
 from .guard_cold import pack_checks, short
 from .guard_runtime import CHECKS_FORMAT, HELPERS, function_modes, unwrap_attribute
-from .process_state import process_state_reads
+from .process_state import is_switch_module, process_state_reads
 
 #: guard types that read process-global state, not a source
 _STATE_GUARDS = {
     "GRAD_MODE", "DETERMINISTIC_ALGORITHMS", "GLOBAL_STATE", "TORCH_FUNCTION_STATE", "DEFAULT_DEVICE",
     "AUTOGRAD_SAVED_TENSORS_HOOKS",
 }
+#: guard types that compare a value (a switch read through them is checked per call: ``scope_of``)
+_VALUE_KINDS = frozenset({"CONSTANT_MATCH", "EQUALS_MATCH", "BOOL_MATCH", "NONE_MATCH"})
 #: device types whose autocast state a frame records
 _AUTOCAST_DEVICES = ("cpu", "cuda", "xpu", "mps", "hpu")
 _GLOBAL_RE = re.compile(r"(?<![\w\]'\"])G\[(['\"])([A-Za-z_][A-Za-z0-9_.]*)\1\]")
@@ -121,6 +124,8 @@ class _Builder:
         self._resolved_seen: set[tuple[str, str]] = set()
         #: (constant, literal of its origin, description) of objects found by import path
         self.origins: list[tuple[str, str, str]] = []
+        #: a source name -> its value at capture (set by :func:`capture_guards`; None: not read)
+        self.evaluate: Callable[[str], Any] | None = None
 
     # -- constants ------------------------------------------------------
     def const(self, value: Any) -> str:
@@ -195,7 +200,19 @@ class _Builder:
             return "call"  # the frame itself assigns it (a growing KV-cache attribute): it changes between calls
         if kind in ("CONSTANT_MATCH", "BOOL_MATCH", "EQUALS_MATCH") and name.endswith(".training"):
             return "call"  # model.train()/eval() between calls must select another variant
+        if kind in _VALUE_KINDS and self._reads_switch(sources[0]):
+            return "call"  # a process-wide switch (``torch.backends.*``), flipped around calls as Dynamo sees
         return "load"
+
+    def _reads_switch(self, source: Any) -> bool:
+        """Whether ``source`` is an attribute of a module of process-wide switches (``process_state``)."""
+        base = getattr(source, "base", None)
+        if base is None or self.evaluate is None:
+            return False
+        try:
+            return is_switch_module(self.evaluate(base.name))
+        except Exception:  # noqa: BLE001 - an owner that cannot be read here is not a switch module
+            return False
 
     def _under_receiver(self, source: Any) -> bool:
         seen = 0
@@ -656,6 +673,7 @@ def capture_frame_guards(
     modes = list(getattr(output, "torch_function_mode_stack", None) or [])
     capture_ns = {"___get_torch_function_mode_stack_at": modes.__getitem__, "___tf_modes": lambda: function_modes(modes)}
     eval_ns.update(capture_ns)
+    builder.evaluate = lambda name: eval(builder.ref(name), eval_ns, {"L": local_scope})  # noqa: S307 - Dynamo's source
     traced = [c for c in getattr(output, "traced_code", None) or () if isinstance(c, types.CodeType)] + [code]
     try:
         fakes = _fake_tensors(output)

@@ -40,8 +40,8 @@ from . import world_state
 #: item of a module list is one check in a loop over the items; 5: reads shared by guards bound
 #: once, resolved-method guards as memoizing sites, ``___dict_has``; 6: a function's bound
 #: values digested from their marshal form, not their JSON text; 7: a guard on a global or a container
-#: the frame itself changes is a per-call check)
-CHECKS_FORMAT = 7
+#: the frame itself changes is a per-call check; 8: a process-wide switch, ``torch.backends.*``, is a per-call check)
+CHECKS_FORMAT = 8
 _BLOB_MAGIC = b"npu_cached guards 4\0"
 _SIZES = struct.Struct("<3Q")
 

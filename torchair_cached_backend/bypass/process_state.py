@@ -33,6 +33,19 @@ MATMUL_FLAGS = frozenset({
     "allow_tf32", "allow_fp16_reduced_precision_reduction", "allow_bf16_reduced_precision_reduction",
     "allow_fp16_accumulation", "fp32_precision",
 })
+#: modules whose attributes are process-wide switches (``torch.backends.mkldnn.enabled``,
+#: ``torch.backends.mha``'s fast path, ``torch.utils.deterministic.fill_uninitialized_memory``): a user
+#: flips them around a call (``with torch.backends.mkldnn.flags(enabled=False):``) and Dynamo guards them
+#: on every call, so a guard on one is a per-call check (``guard_capture``)
+SWITCH_MODULES = ("torch.backends.", "torch.utils.deterministic")
+
+
+def is_switch_module(value: object) -> bool:
+    """Whether ``value`` is one of :data:`SWITCH_MODULES` (or a module below ``torch.backends``)."""
+    name = getattr(value, "__name__", None) if isinstance(value, types.ModuleType) else None
+    return isinstance(name, str) and (name.startswith(SWITCH_MODULES[0]) or name == SWITCH_MODULES[1])
+
+
 _LOADS = frozenset({"LOAD_GLOBAL", "LOAD_NAME", "LOAD_ATTR", "LOAD_METHOD", "IMPORT_FROM", "LOAD_DEREF"})
 _ENV_VAR = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 
