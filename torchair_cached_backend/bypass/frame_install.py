@@ -182,6 +182,18 @@ class ReplayingCallback(NotingCallback):
         self._tcb_python: dict[int, types.CodeType] = {}
         #: id(function) -> (function, what its receivers' loads share: a model's layers)
         self._tcb_shared: dict[int, tuple[Any, SharedLoad]] = {}
+        #: codes whose program has graph breaks, met under fullgraph=True (counted once)
+        self._tcb_strict: set[int] = set()
+
+    def _tcb_one_graph(self) -> bool:
+        """Whether Dynamo compiles this callback's frames as one graph (``torch.compile(fullgraph=True)``,
+        or ``torch._dynamo.error_on_graph_break(True)`` around the call): a graph break then raises."""
+        inner = getattr(self, "_torchdynamo_orig_backend", None)
+        inner = getattr(inner, "_inner_convert", inner)
+        if getattr(inner, "_one_graph", False):
+            return True
+        getter = getattr(torch._dynamo.utils, "_get_error_on_graph_break", None)
+        return bool(getter()) if callable(getter) else False
 
     def __call__(self, frame: Any, cache_entry: Any, frame_state: Any) -> ConvertFrameReturn:
         code = frame.f_code
@@ -259,6 +271,13 @@ class ReplayingCallback(NotingCallback):
                 return _skip(recursive=False)
             return self._tcb_nested(frame, _UNRESOLVED_DEPTH if comprehension else _NESTED_DEPTH)
         variants, kinds, program = built
+        if (not variants or _has_breaks(program)) and self._tcb_one_graph():
+            # torch.compile(fullgraph=True) over a program cached with graph breaks: Dynamo traces the frame
+            # and raises at the break, as it would without a cache (the replay would hide the break)
+            if id(code) not in self._tcb_strict:
+                self._tcb_strict.add(id(code))
+                _fallback("backend route: fullgraph=True, the cached program has graph breaks (traced)")
+            return None
         if not variants:  # Dynamo skipped this frame at cold start: it runs as Python, its callees replay
             counts["eager_root"] += 1
             self._tcb_python[id(code)] = code
@@ -352,6 +371,14 @@ class ReplayingCallback(NotingCallback):
             return None  # a receiver without weak references: Dynamo's path
         self._tcb_built[memo_key] = (ref, variants, kinds, program, func)
         return variants, kinds, program
+
+
+def _has_breaks(program: dict[str, Any]) -> bool:
+    """Whether a cached program was compiled with graph breaks (a continuation, or its root run as Python)."""
+    if program.get("eager_root"):
+        return True
+    return any(desc.get("kind") == "resume" for frame in (program.get("frames") or {}).values()
+               for desc in (frame.get("globals") or {}).values())
 
 
 def _fallback(kind: str) -> None:
