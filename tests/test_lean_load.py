@@ -179,14 +179,7 @@ def test_names_split_off_the_hit_path_stay_importable_where_they_were():
         guard_runtime.no_such_name  # noqa: B018
 
 
-def test_a_rejected_variant_is_explained_only_when_its_reason_is_shown(tmp_path):
-    """Naming the failing guards of a variant passed over on the way to one that fits cost
-    ~17 ms for each layer's attention of a transformers Llama (920 guards walked with their
-    text) at every warm start: it is now done only when the reason is shown (INFO logging,
-    or no variant fitting)."""
-    from subprocess_helpers import run_python
-
-    code = r'''
+_REJECTED = r'''
 import logging, os, sys
 import torch
 import torchair_cached_backend as tcb
@@ -217,14 +210,43 @@ with torch.no_grad():
         fn(x)
         ok = True
     else:  # k == 2: the newest variant is rejected at load, the older one fits
+        import gc
+        gc.collect()
+        gc.disable()  # what outlives the load by refcounts alone
         fn = tcb.load(m, os.environ["ROOT"], compiler="eager")
+        builders = sum(type(o).__name__ == "_ReplayBuilder" for o in gc.get_objects())
+        gc.enable()
         ok = bool(torch.allclose(fn(x), m.l(x) * 2))
-emit({"ok": ok, "explained": len(calls), "loads": tcb.stats().bypass_loads, "fallbacks": tcb.stats().fallbacks})
+emit({"ok": ok, "explained": len(calls), "loads": tcb.stats().bypass_loads, "fallbacks": tcb.stats().fallbacks,
+      "builders_alive": builders if os.environ["PHASE"] == "warm" else None})
 '''
+
+
+def test_a_rejected_variant_is_explained_only_when_its_reason_is_shown(tmp_path):
+    """Naming the failing guards of a variant passed over on the way to one that fits cost
+    ~17 ms for each layer's attention of a transformers Llama (920 guards walked with their
+    text) at every warm start: it is now done only when the reason is shown (INFO logging,
+    or no variant fitting)."""
+    from subprocess_helpers import run_python
+
     env = {"ROOT": str(tmp_path)}
-    run_python(code, env={**env, "PHASE": "cold"})
-    quiet = run_python(code, env={**env, "PHASE": "warm"})
+    run_python(_REJECTED, env={**env, "PHASE": "cold"})
+    quiet = run_python(_REJECTED, env={**env, "PHASE": "warm"})
     assert quiet["ok"] and quiet["loads"] == 1 and quiet["fallbacks"] == 0, quiet
     assert quiet["explained"] == 0, quiet
-    shown = run_python(code, env={**env, "PHASE": "warm", "INFO": "1"})
+    shown = run_python(_REJECTED, env={**env, "PHASE": "warm", "INFO": "1"})
     assert shown["ok"] and shown["explained"] == 1, shown
+
+
+def test_a_rejected_variant_leaves_no_cycle_holding_the_load(tmp_path):
+    """A variant passed over at load was kept as the exception that rejected it, whose traceback held
+    the loader's frames, which held the list holding it: a reference cycle that kept the builder, the
+    parsed program and its decoded values alive until the next full collection (and its allocations
+    counted toward one, in the warm start's first call). Refcounting alone frees them now."""
+    from subprocess_helpers import run_python
+
+    env = {"ROOT": str(tmp_path)}
+    run_python(_REJECTED, env={**env, "PHASE": "cold"})
+    warm = run_python(_REJECTED, env={**env, "PHASE": "warm"})
+    assert warm["ok"] and warm["loads"] == 1 and warm["fallbacks"] == 0, warm
+    assert warm["builders_alive"] == 0, warm

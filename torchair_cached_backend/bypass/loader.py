@@ -128,8 +128,8 @@ def build_replay(
     for variant in reversed(program.get("variants", [])):  # newest first, as Dynamo's cache
         try:
             variants.append(builder.variant(variant))
-        except _Rejected as exc:
-            rejected.append(exc)
+        except _Rejected as exc:  # kept without its traceback: its frames (this one too) would make a
+            rejected.append(exc.with_traceback(None))  # cycle holding the whole program until a collection
     if not variants and program.get("eager_root") and not rejected:
         # Dynamo skipped this frame (e.g. a graph break in a loop over layers): it runs as
         # Python, as under torch.compile, and the methods it calls replay (installed below)
@@ -661,7 +661,7 @@ def build_frame_variants(
         try:
             variants.append(builder.variant(variant))
         except _Rejected as exc:
-            rejected.append(exc)  # named only if no variant fits
+            rejected.append(exc.with_traceback(None))  # named only if no variant fits (no frame cycle: above)
     if not variants and not (program.get("eager_root") and not rejected):
         why = " | ".join(dict.fromkeys(map(str, rejected))) or "no variant"
         raise CacheMiss(f"cached program for {name} does not fit: {why}")
