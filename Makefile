@@ -36,7 +36,7 @@ redis:  ## redis-server for the remote-tier tests (the distribution's package; C
 	else echo "redis-server not found and cannot be installed here: the remote-tier tests will skip (install redis-server)"; fi
 
 test: $(STAMP) redis  ## the whole suite, the torchair-on-CPU harness and the real-Redis tests included
-	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-$(TEST_THREADS)} TCB_REQUIRE_TORCHAIR=$${TCB_REQUIRE_TORCHAIR:-0} $(PY) -m pytest -q --timeout=900 -n $(TEST_WORKERS) --dist loadfile tests
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-$(TEST_THREADS)} TCB_REQUIRE_TORCHAIR=$${TCB_REQUIRE_TORCHAIR:-0} $(PY) -m pytest -q --timeout=900 -n $(TEST_WORKERS) --dist loadfile --durations=15 tests
 
 test-fast: $(STAMP)  ## without the real-torchair tests
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-$(TEST_THREADS)} $(PY) -m pytest -q --timeout=900 tests --ignore=tests/torchair
