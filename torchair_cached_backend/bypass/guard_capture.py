@@ -263,6 +263,8 @@ class _Builder:
             self.add(self.tensor(e, value, fakes.get(name)), scope, f"{desc} (dtype, device, shape, stride)", kind,
                      f"___tmeta({e})", HELPERS["___tmeta"](value))
             self.guards[-1]["tensor"] = e
+            if scope != "call" and _no_aliasing_source(guard.originating_source, value):
+                self.guards[-1]["aliasing"] = True  # a buffer Dynamo checks for aliasing with the arguments per call
         elif kind in ("SEQUENCE_LENGTH", "EMPTY_NN_MODULE_HOOKS_DICT"):
             n = len(value)
             self.add(f"(len({e}) == {n})", scope, f"len({desc}) == {n}", kind, f"len({e})", n)
@@ -516,6 +518,13 @@ class _Builder:
         # running process too, and a kernel lowered without it (Inductor, GE) must not serve it
         self.add(f"(___deterministic() == {det!r})", "call", f"deterministic algorithms == {det}", "DETERMINISTIC_ALGORITHMS",
                  "___deterministic()", det)
+        # a torch.func transform (grad, vmap, jacrev...) wraps the tensors below the Python type: Dynamo's
+        # tensor guards see it (dispatch keys) and compile the frame again inside the transform; the graphs
+        # cached here were traced outside one, so inside one they are not replayed
+        if torch._C._functorch.peek_interpreter_stack() is not None:
+            raise Unsupported("traced inside a torch.func transform (grad, vmap, jacrev...)")
+        self.add("(___functorch_stack() is None)", "call", "no torch.func transform is active", "FUNCTORCH_STACK_MATCH",
+                 "___functorch_stack()", None)
         # Dynamo never compiles under a TorchDispatchMode (the call runs eagerly, through the mode)
         self.add("(not ___dispatch_len() or not ___user_dispatch_mode())", "call", "no torch dispatch mode is active", "DISPATCH_MODE",
                  "___user_dispatch_mode()", False)
@@ -725,11 +734,25 @@ def capture_frame_guards(
     return result
 
 
+def _no_aliasing_source(source: Any, value: Any) -> bool:
+    """Whether Dynamo's no-aliasing guard covers this tensor source: every guarded tensor but a
+    ``Parameter`` or a tensor of a built-in ``torch.nn`` module (``skip_no_tensor_aliasing_guards_on_parameters``),
+    so a module's own buffer too: an argument that *is* that buffer was compiled for as one input."""
+    from torch._dynamo import config
+    from torch._dynamo.source import is_from_unspecialized_builtin_nn_module_source
+
+    if getattr(config, "skip_no_tensor_aliasing_guards_on_parameters", True) and (
+            type(value) is torch.nn.Parameter or is_from_unspecialized_builtin_nn_module_source(source)):
+        return False
+    return type(source).__name__ != "NumpyTensorSource"
+
+
 def _distinct_tensor_args(builder: _Builder, local_scope: dict[str, Any]) -> None:
-    """Dynamo compiles assuming distinct argument tensors are distinct objects."""
+    """Dynamo compiles assuming distinct argument tensors (and the module buffers it checks with
+    them, :func:`_no_aliasing_source`) are distinct objects."""
     seen: dict[int, tuple[str, Any]] = {}
     for entry in builder.guards:
-        if entry["kind"] != "TENSOR_MATCH" or entry["scope"] != "call":
+        if entry["kind"] != "TENSOR_MATCH" or (entry["scope"] != "call" and not entry.get("aliasing")):
             continue
         expr = entry["tensor"]
         try:
@@ -740,7 +763,7 @@ def _distinct_tensor_args(builder: _Builder, local_scope: dict[str, Any]) -> Non
     refs = [expr for expr, _ in seen.values()]
     if len(refs) > 1:
         builder.add(f"(len({{{', '.join(f'id({r})' for r in refs)}}}) == {len(refs)})", "call",
-                    "tensor arguments are distinct objects", "NO_TENSOR_ALIASING")
+                    "tensor arguments (and buffers) are distinct objects", "NO_TENSOR_ALIASING")
         # which of them share memory (views of one tensor): the graph was compiled for this sharing. A
         # frame changing one in place read the other as the cold call's sharing had it (AOTAutograd
         # guards a sharing it saw, not its absence): x.mul_(2) then y, y a view of x, replayed unshared

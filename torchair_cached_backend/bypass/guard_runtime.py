@@ -40,7 +40,8 @@ from . import world_state
 #: item of a module list is one check in a loop over the items; 5: reads shared by guards bound
 #: once, resolved-method guards as memoizing sites, ``___dict_has``; 6: a function's bound
 #: values digested from their marshal form, not their JSON text; 7: a guard on a global or a container
-#: the frame itself changes is a per-call check; 8: a process-wide switch, ``torch.backends.*``, is a per-call check)
+#: the frame itself changes is a per-call check; 8: a process-wide switch, ``torch.backends.*``, is a per-call check; so is
+#: the torch.func transform stack)
 CHECKS_FORMAT = 8
 _BLOB_MAGIC = b"npu_cached guards 4\0"
 _SIZES = struct.Struct("<3Q")
@@ -473,6 +474,7 @@ HELPERS: dict[str, Any] = {
     "___tf_modes": function_modes,
     "___get_torch_function_mode_stack_at": lambda i: torch._C._get_function_stack_at(i),
     "___grad": torch.is_grad_enabled,
+    "___functorch_stack": torch._C._functorch.peek_interpreter_stack,
     "___any_autocast": torch._C._is_any_autocast_enabled,
     "___autocast": _autocast,
     "___default_dtype": torch.get_default_dtype,

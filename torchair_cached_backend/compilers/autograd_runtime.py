@@ -20,6 +20,7 @@ object it is handed).
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -196,6 +197,8 @@ def build(
 
         @staticmethod
         def forward(ctx: Any, *args: Any) -> Any:  # type: ignore[override]
+            # what a gradient taken with create_graph=True depends on (weakly: no input outlives its use)
+            ctx.diff_inputs = [weakref.ref(a) for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
             outs = run_boxed(forward, list(args))
             if len(outs) != num_fw_outputs:
                 raise RuntimeError(f"cached forward returned {len(outs)} values, expected {num_fw_outputs}")
@@ -215,7 +218,8 @@ def build(
             if torch.is_grad_enabled():  # create_graph=True: the cached backward is not differentiable
                 with torch.no_grad():
                     out = _backward(ctx, grads)
-                return _undifferentiable(out)
+                inputs = [t for t in (ref() for ref in ctx.diff_inputs) if t is not None]
+                return _undifferentiable(out, [*inputs, *(g for g in grads if isinstance(g, torch.Tensor))])
             return _backward(ctx, grads)
 
     def _backward(ctx: Any, grads: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -259,11 +263,14 @@ def build(
 
 class _NoDoubleBackward(torch.autograd.Function):
     """Gradients computed under ``create_graph=True``: usable as values, but differentiating
-    them again raises (as ``torch.compile``'s does) instead of silently returning zeros."""
+    them again raises (as ``torch.compile``'s does) instead of silently returning zeros. They
+    hang off everything the true gradient depends on (the forward's inputs that require grad,
+    the incoming gradients), so a derivative with respect to any of them reaches this node:
+    ``autograd.grad`` prunes a graph to the paths it needs (``allow_unused=True`` gave None)."""
 
     @staticmethod
-    def forward(ctx: Any, anchor: Any, *grads: Any) -> Any:  # type: ignore[override]
-        return tuple(g.clone() if isinstance(g, torch.Tensor) else g for g in grads)
+    def forward(ctx: Any, count: int, *args: Any) -> Any:  # type: ignore[override]
+        return tuple(g.clone() if isinstance(g, torch.Tensor) else g for g in args[count:])
 
     @staticmethod
     def backward(ctx: Any, *args: Any) -> Any:
@@ -272,12 +279,12 @@ class _NoDoubleBackward(torch.autograd.Function):
             "compute higher-order gradients outside the compiled region")
 
 
-def _undifferentiable(grads: tuple[Any, ...]) -> tuple[Any, ...]:
-    anchor = torch.empty(0, requires_grad=True)
+def _undifferentiable(grads: tuple[Any, ...], depends_on: list[torch.Tensor]) -> tuple[Any, ...]:
     tensors = [i for i, g in enumerate(grads) if isinstance(g, torch.Tensor)]
     if not tensors:
         return grads
-    wrapped = _NoDoubleBackward.apply(anchor, *[grads[i] for i in tensors])
+    anchors = [torch.empty(0, requires_grad=True), *(t for t in depends_on if t.requires_grad)]
+    wrapped = _NoDoubleBackward.apply(len(anchors), *anchors, *[grads[i] for i in tensors])
     out = list(grads)
     for i, g in zip(tensors, wrapped, strict=True):
         out[i] = g
