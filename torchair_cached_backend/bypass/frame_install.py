@@ -271,7 +271,7 @@ class ReplayingCallback(NotingCallback):
                 return _skip(recursive=False)
             return self._tcb_nested(frame, _UNRESOLVED_DEPTH if comprehension else _NESTED_DEPTH)
         variants, kinds, program = built
-        if (not variants or _has_breaks(program)) and self._tcb_one_graph():
+        if self._tcb_one_graph() and (not variants or _has_breaks(program)):  # the flag first: a walk of the frames otherwise
             # torch.compile(fullgraph=True) over a program cached with graph breaks: Dynamo traces the frame
             # and raises at the break, as it would without a cache (the replay would hide the break)
             if id(code) not in self._tcb_strict:
