@@ -265,6 +265,33 @@ def test_a_load_racing_the_background_import_replays_right(tmp_path):
         assert out["ok"] and out["frames"] == 0 and out["loads"] >= 1, out
 
 
+def test_a_load_right_after_waiting_for_the_thread_runs_with_no_other_import_beside_it(tmp_path):
+    # tcb.load right after the import waits for the thread's warm path; the thread then went straight
+    # on to cache_compile's modules, which it imported beside the load (it took the interpreter at
+    # every file the load read: a tiny Llama's load 6 -> 14 ms, and the wake came late). The thread
+    # now pauses until the load begins, which drops what it never waits for
+    d = str(tmp_path)
+    run_python(TINY + textwrap.dedent(f"""
+        m = Tiny().eval()
+        with torch.no_grad():
+            torch.compile(m, backend="npu_cached", options={{"cache_dir": {d!r}, "compiler": "eager"}})(torch.ones(2, 4))
+        emit({{}})
+        """))
+    for _ in range(2):
+        out = run_python(OURS + WHO + TINY + textwrap.dedent(f"""
+            from torchair_cached_backend import preload
+            racing = preload._thread is not None and preload._thread.is_alive() and "{preload.WARM_PATH[-1]}" not in sys.modules
+            load = tcb.load  # waits for the thread's warm path
+            m, x = Tiny().eval(), torch.ones(2, 4)
+            with torch.no_grad():
+                ok = bool(torch.equal(load(m, {d!r}, compiler="eager", fallback=False)(x), m.lin(x).relu() * 2))
+            preload.wait(10)
+            emit({{"ok": ok, "racing": racing, "ours": ours(), "loads": tcb.stats().as_dict()["bypass_loads"]}})
+            """))
+        assert out["racing"] and out["ok"] and out["loads"] == 1, out
+        assert not set(preload.DROP_IN) & set(out["ours"]), out["ours"]
+
+
 #: records which thread imported each of our modules (a meta-path finder that finds nothing)
 WHO = """
 import sys, threading

@@ -32,7 +32,10 @@ Why this is safe:
   held in the child), and a failed import is left for the caller's own import to report;
 * the operators' first use reads and writes no global state and starts no thread pool
   (``op_warmup``, tested), and it is optional: it stops as soon as the caller begins a
-  load (:func:`caller_loading`), so a load right after the import never waits for it.
+  load (:func:`caller_loading`), so a load right after the import never waits for it;
+* once what a caller waits for is done (:func:`caller_needs`) the thread pauses (at most
+  :data:`PARK_S`) until that caller's load begins and drops what it never waits for, so
+  the load never runs beside another of the thread's imports.
 
 ``TCB_PRELOAD=0`` turns it off.
 """
@@ -120,6 +123,11 @@ _awaited_done = threading.Event()
 _in_flight: str | None = None
 #: what the caller waits for the thread at most (its imports take milliseconds; a start never hangs on it)
 NEED_WAIT_S = 2.0
+#: how long the thread pauses, once what a caller waited for is done, for that caller to begin its load
+#: (:func:`caller_loading`, which then drops what the load never waits for) before it goes on
+PARK_S = 0.05
+#: set to end the thread's pause (:data:`PARK_S`): a load began, the interpreter exits or forks
+_resume = threading.Event()
 #: set once the caller's first load from the cache begins, or the interpreter exits: the thread's
 #: optional work (the operators' first use) stops
 _optional_stop = threading.Event()
@@ -243,8 +251,19 @@ def _drain_queue() -> None:
     while True:
         with _lock:
             _in_flight = None
-            if _awaited is not None and not _pending(_awaited):  # woken once, not at every item
+            woken = _awaited is not None and not _pending(_awaited) and not _awaited_done.is_set()
+            if woken:  # woken once, not at every item
                 _awaited_done.set()
+        if woken:
+            # the caller is about to run what it waited for (a load): starting another item now would
+            # run it beside the load, which then hands the interpreter to this thread at every file it
+            # reads (up to a switch interval each: a tiny Llama's load 6 -> 14 ms) and would wake the
+            # caller late (it needs the interpreter back). The load's first step drops what it never
+            # waits for and ends the pause (caller_loading); a caller that does not load resumes us
+            # after PARK_S
+            _resume.wait(PARK_S)
+        with _lock:
+            _in_flight = None
             if not _queue:
                 _draining = False
                 return
@@ -288,7 +307,8 @@ def caller_needs(names: frozenset[str]) -> None:
     one list convoy on the interpreter (each file read hands it over, and taking it back waits up to a
     switch interval): a tiny Llama built before the package's import, then loaded, took ~2-4 ms longer
     than with no thread at all. Those of ``names`` still queued move to the front and everything else
-    queued waits behind them. Never from inside an import (the thread may need a module lock this
+    queued waits behind them, and after them the thread pauses for the caller's load (see
+    :func:`_drain_queue`). Never from inside an import (the thread may need a module lock this
     thread holds) and at most :data:`NEED_WAIT_S`: past it the caller imports what is left itself."""
     global _awaited
     thread = _thread
@@ -300,6 +320,7 @@ def caller_needs(names: frozenset[str]) -> None:
             return
         _awaited = names
         _awaited_done.clear()
+        _resume.clear()
     try:
         _awaited_done.wait(NEED_WAIT_S)
     finally:
@@ -337,6 +358,7 @@ def caller_loading() -> None:
     keep = _KEPT_BY_ROUTE_LOAD if _ROUTE_CALLBACK in sys.modules else _KEPT_BY_LOAD
     with _lock:
         _queue[:] = [name for name in _queue if name in keep]
+    _resume.set()
 
 
 def _warm_ops() -> None:
@@ -350,6 +372,7 @@ def _at_exit() -> None:
     operator then would abort the process (``terminate called without an active exception``).
     The warm-up stops after its current operator, and no later one starts (the lock stays held)."""
     _optional_stop.set()
+    _resume.set()
     _ops_lock.acquire(timeout=EXIT_WAIT_S)
 
 
@@ -420,4 +443,5 @@ def wait(timeout: float | None = None) -> bool:
 
 
 def _before_fork() -> None:
+    _resume.set()  # a paused thread goes on at once: the fork waits for its work, not for the pause
     wait(FORK_WAIT_S)
