@@ -94,15 +94,45 @@ def test_symlink_inside_cache_is_refused(tmp_path):
         Store(str(root), "graphs").load("k1")
 
 
-def test_symlinked_blob_is_refused(tmp_path):
+def _set_aside_and_rebuilt(store, key, caplog, match):
+    """A planted entry: never read, reported (naming what is wrong), moved to quarantine/, and the key
+    free for the rebuild; the user's call is served (it is a miss), never failed."""
+    with caplog.at_level("WARNING", logger="torchair_cached_backend"):
+        assert store.load(key) is None
+    assert match in caplog.text and "planted" in caplog.text, caplog.text
+    assert os.listdir(os.path.join(store.root, "quarantine"))
+    assert store.save(key, {"a.bin": b"rebuilt"}, {}) is not None
+    assert store.load(key).files == {"a.bin": b"rebuilt"}
+
+
+def test_symlinked_blob_is_never_read_and_set_aside(tmp_path, caplog):
     store = _entry(tmp_path)
     blob = os.path.join(store.entry_path("k1"), "files", "a.bin")
     target = tmp_path / "payload"
     target.write_bytes(b"hello" * 100)
     os.remove(blob)
     os.symlink(target, blob)
-    with pytest.raises(CacheSecurityError, match="not a regular file"):
-        store.load("k1")
+    _set_aside_and_rebuilt(store, "k1", caplog, "not a regular file")
+    assert target.read_bytes() == b"hello" * 100  # what the link pointed at is left alone
+
+
+@pytest.mark.parametrize("where", ["manifest.json", "files/a.bin"])
+@pytest.mark.parametrize("what", ["fifo", "directory"])
+def test_a_fifo_or_directory_where_a_file_belongs_never_hangs_and_is_set_aside(tmp_path, caplog, where, what):
+    # a FIFO held open() until a writer came: the user's start hung for ever (found by a probe)
+    store = _entry(tmp_path)
+    path = os.path.join(store.entry_path("k1"), where)
+    os.remove(path)
+    os.mkfifo(path) if what == "fifo" else os.mkdir(path)
+    _set_aside_and_rebuilt(store, "k1", caplog, "not a regular file")
+
+
+def test_an_entry_of_another_user_is_set_aside(tmp_path, caplog):
+    if os.geteuid() != 0:
+        pytest.skip("needs root to chown a file to another user")
+    store = _entry(tmp_path)
+    os.chown(os.path.join(store.entry_path("k1"), "files", "a.bin"), 12345, 12345)
+    _set_aside_and_rebuilt(store, "k1", caplog, "owned by uid 12345")
 
 
 def test_symlink_above_root_is_fine(tmp_path):
@@ -148,24 +178,23 @@ def test_save_refuses_blob_names_that_are_not_plain(tmp_path, name):
         Store(str(tmp_path / "c"), "graphs").save("k", {name: b"x"}, {})
 
 
-def test_symlinked_files_dir_is_refused(tmp_path):
+def test_symlinked_files_dir_is_never_read_and_set_aside(tmp_path, caplog):
     store = _entry(tmp_path)
     files = os.path.join(store.entry_path("k1"), "files")
     copy = tmp_path / "planted"
     shutil.copytree(files, copy)  # same bytes, same checksums: only the symlink is wrong
     shutil.rmtree(files)
     os.symlink(copy, files)
-    with pytest.raises(CacheSecurityError, match="symlink"):
-        store.load("k1")
+    _set_aside_and_rebuilt(store, "k1", caplog, "symlink")
 
 
-def test_symlinked_entry_dir_is_refused(tmp_path):
+def test_symlinked_entry_dir_is_never_read_and_set_aside(tmp_path, caplog):
     store = _entry(tmp_path)
     real = tmp_path / "real-entry"
     os.rename(store.entry_path("k1"), real)
     os.symlink(real, store.entry_path("k1"))
-    with pytest.raises(CacheSecurityError, match="symlink"):
-        store.load("k1")
+    _set_aside_and_rebuilt(store, "k1", caplog, "symlink")
+    assert os.path.isdir(real / "files")  # the link's target is left alone
 
 
 def test_path_of_serves_only_checksummed_files(tmp_path):

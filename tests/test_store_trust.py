@@ -191,3 +191,61 @@ def test_a_set_but_empty_signing_key_is_an_error(tmp_path, monkeypatch, capsys):
         assert cli.main(argv) == 2, argv
         assert "TORCHAIR_CACHE_KEY is set but empty" in capsys.readouterr().err
     assert not target.exists() and not (tmp_path / "c.tar").exists()
+
+
+#: a warm start of model A over ``CACHE`` on ``ROUTE`` (the backend route or load()), in a fresh process
+WARM_A = """
+import os, torch
+import torchair_cached_backend as tcb
+from child_helpers import same
+class A(torch.nn.Module):
+    def forward(self, x):
+        return x.sin() * 2 + 1
+x = torch.arange(6.0).reshape(2, 3)
+try:
+    with torch.no_grad():
+        if ROUTE == "load":
+            f = tcb.load(A(), CACHE, compiler="eager")
+        else:
+            f = torch.compile(A(), backend="npu_cached", options={"cache_dir": CACHE, "compiler": "eager"})
+        ok, error = same(f(x), A()(x)), None
+except Exception as exc:
+    ok, error = False, f"{type(exc).__name__}: {exc}"
+s = tcb.stats()
+emit({"ok": ok, "error": error, "quarantined": s.quarantined, "hits": s.hits, "loads": s.bypass_loads,
+      "aside": sorted(os.listdir(os.path.join(CACHE, "quarantine"))) if os.path.isdir(os.path.join(CACHE, "quarantine")) else []})
+"""
+
+
+@pytest.mark.parametrize("route", ["backend", "load"])
+@pytest.mark.parametrize("plant", ["fifo as the graph's code", "symlinked program file", "directory as the manifest"])
+def test_a_planted_entry_file_never_fails_or_hangs_a_start_and_is_rebuilt(eager_cache, tmp_path, route, plant):
+    # found by a probe: a FIFO where an entry's file belongs hung the warm start for ever (open()
+    # waited for a writer); a symlink or a directory there raised CacheSecurityError out of the user's
+    # call (BackendCompilerFailed on the backend route). Now such an entry is never read, reported,
+    # set aside and rebuilt, and the call is served; a third process hits the rebuilt entry
+    cache = str(tmp_path / "cache")
+    shutil.copytree(eager_cache, cache)
+    kind = "programs" if plant.startswith("symlinked program") else "graphs"
+    for key in os.listdir(os.path.join(cache, kind)):
+        entry = os.path.join(cache, kind, key)
+        if plant.startswith("fifo"):
+            path = os.path.join(entry, "files", "graph.py.marshal")
+            os.remove(path)
+            os.mkfifo(path)
+        elif plant.startswith("symlinked"):
+            name = next(n for n in os.listdir(os.path.join(entry, "files")) if n.endswith(".code"))
+            path = os.path.join(entry, "files", name)
+            os.rename(path, str(tmp_path / name))
+            os.symlink(str(tmp_path / name), path)
+        else:
+            path = os.path.join(entry, "manifest.json")
+            os.remove(path)
+            os.mkdir(path)
+    script = f"CACHE, ROUTE = {cache!r}, {route!r}\n" + WARM_A
+    out = run_python(script, timeout=300)
+    assert out["error"] is None and out["ok"], out
+    assert out["quarantined"] >= 1 and out["aside"], out
+    again = run_python(script, timeout=300)
+    assert again["error"] is None and again["ok"] and again["quarantined"] == 0, again
+    assert again["hits"] >= 1 or again["loads"] >= 1, again

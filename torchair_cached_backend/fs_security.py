@@ -25,6 +25,10 @@ _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 #: open flags of a directory below the cache root: never through a symlink
 DIR_OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _O_NOFOLLOW | _O_CLOEXEC
+#: open flags of a file of the cache read: never through a symlink, and never blocking (a FIFO put where
+#: a file was expected would hold ``open`` until a writer came: the caller's start hung). Reads of a
+#: regular file ignore O_NONBLOCK; every reader then refuses what ``fstat`` says is not a regular file
+FILE_READ_FLAGS = os.O_RDONLY | _O_NOFOLLOW | _O_CLOEXEC | getattr(os, "O_NONBLOCK", 0)
 
 
 class CacheSecurityError(PermissionError):
@@ -67,7 +71,7 @@ def read_at(dir_fd: int, name: str, *, root: str) -> bytes:
     """The bytes of regular file ``name`` in the directory ``dir_fd``; refuses a
     symlink or a file owned by someone else."""
     try:
-        fd = os.open(name, os.O_RDONLY | _O_NOFOLLOW | _O_CLOEXEC, dir_fd=dir_fd)
+        fd = os.open(name, FILE_READ_FLAGS, dir_fd=dir_fd)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise CacheSecurityError(

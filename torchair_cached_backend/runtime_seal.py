@@ -99,8 +99,7 @@ def parse_seal(raw: bytes, key: str, subdir: str) -> dict[str, tuple[int, str]]:
 
 def _read_seal(files_fd: int, subdir: str) -> bytes | None:
     try:
-        fd = os.open(seal_name(subdir), os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0),
-                     dir_fd=files_fd)
+        fd = os.open(seal_name(subdir), fs.FILE_READ_FLAGS, dir_fd=files_fd)
     except FileNotFoundError:
         return None
     except OSError as exc:

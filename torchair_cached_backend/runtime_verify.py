@@ -57,7 +57,7 @@ def _open_rel(dir_fd: int, rel: str) -> int:
             if fd != dir_fd:
                 os.close(fd)
             fd = nxt
-        return os.open(parts[-1], os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0), dir_fd=fd)
+        return os.open(parts[-1], fs.FILE_READ_FLAGS, dir_fd=fd)
     finally:
         if fd != dir_fd:
             os.close(fd)

@@ -75,9 +75,10 @@ class Store:
     :meth:`load` -> Entry or None (miss, broken entry set aside, or fault);
     :meth:`save` / :meth:`replace` -> the entry path, or None when nothing was
     published; :meth:`remove` -> whether it removed the entry. Only
-    :class:`~torchair_cached_backend.fs_security.CacheSecurityError` (a foreign
-    owner, a symlink, a group/other-writable root) is raised: that cache dir must
-    not be used at all.
+    :class:`~torchair_cached_backend.fs_security.CacheSecurityError` (a root or kind
+    dir of another user, a symlink, a group/other-writable root) is raised: that cache
+    dir must not be used at all. The same refusal inside one entry makes it a broken
+    entry (:meth:`_planted`).
     """
 
     def __init__(self, root: str, kind: str, backend: LocalDir | None = None) -> None:
@@ -135,7 +136,10 @@ class Store:
         """Read and verify ``key`` through directory fds. Raises BrokenEntry (with
         the entry's identity), CacheSecurityError, or OSError (a storage fault)."""
         self.entry_path(key)  # validates the key
-        fds = self.backend.entry_fd(self.kind, key)
+        try:
+            fds = self.backend.entry_fd(self.kind, key)
+        except fs.CacheSecurityError as exc:
+            raise self._planted(exc) from None
         if fds is None:
             return None
         kfd, entry_fd = fds
@@ -144,6 +148,10 @@ class Store:
             st = os.fstat(entry_fd)
             try:
                 manifest, files = self.backend.verify_at(entry_fd, key)
+            except fs.CacheSecurityError as exc:
+                planted = self._planted(exc)
+                planted.identity = (st.st_dev, st.st_ino)
+                raise planted from None
             except BrokenEntry as exc:
                 exc.identity = (st.st_dev, st.st_ino)
                 raise
@@ -155,6 +163,17 @@ class Store:
         finally:
             os.close(entry_fd)  # releases the shared flock
             os.close(kfd)
+
+    def _planted(self, exc: fs.CacheSecurityError) -> BrokenEntry:
+        """A refusal inside one entry (a symlink, a FIFO or a directory where a file belongs, an entry
+        or file of another user) as a broken entry: never run, reported, set aside and rebuilt, so
+        the user's call is served. A refusal of the root or of the kind dir (the cache dir itself is
+        unsafe: another user's, writable by others, a symlink) is raised again from here: that
+        cache dir must not be used at all, and the error names the fix."""
+        kfd = self.backend.kind_fd(self.kind)  # raises the root's or the kind dir's own refusal
+        if kfd is not None:
+            os.close(kfd)
+        return BrokenEntry(f"{exc} - never read, planted or foreign")
 
     def _same_dir(self, key: str, identity: tuple[int, int] | None) -> bool:
         """Whether the entry at ``key`` is still the directory we read."""

@@ -28,7 +28,7 @@ _RESCAN_S = 3600.0
 
 def _read(dfd: int) -> dict | None:
     try:
-        fd = os.open(LEDGER, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0), dir_fd=dfd)
+        fd = os.open(LEDGER, fs.FILE_READ_FLAGS, dir_fd=dfd)
     except OSError:
         return None
     try:
