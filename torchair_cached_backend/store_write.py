@@ -207,6 +207,11 @@ def acquire(store: Store, key: str, timeout: float) -> locks.KeyLock | None:
         assert dfd is not None
         try:
             held = locks.acquire(dfd, store._lock_name(key), timeout=timeout, what=f"{store.kind}/{key[:12]} in {store.root}")
+        except fs.CacheSecurityError as exc:  # the lock file itself planted (a FIFO, a file of another user)
+            record(storage_faults=1)
+            warn_once(f"planted-lock:{path}", "npu_cached: %s; %s/%s is compiled without the cross-process lock "
+                      "meanwhile (remove %s)", exc, store.kind, key[:12], path)
+            return None
         finally:
             os.close(dfd)
     except fs.CacheSecurityError:
