@@ -356,3 +356,12 @@ def test_a_planted_lock_file_never_fails_or_hangs_a_compile(tmp_path, caplog, wh
             assert store.save("k1", {"a.bin": b"x"}, {}) is not None
     assert "planted" in caplog.text and "without the cross-process lock" in caplog.text, caplog.text
     assert store.load("k1").files == {"a.bin": b"x"}
+
+
+@pytest.mark.parametrize("where,mode", [("files/a.bin", 0o666), ("manifest.json", 0o620), ("", 0o777), ("files", 0o770)])
+def test_an_entry_others_may_write_is_never_read_and_set_aside(tmp_path, caplog, where, mode):
+    # an entry file or directory writable by group/others (the root itself private): another user could
+    # rewrite a blob and, the manifest being writable too, its checksum, and the bytes ran (probe round 9)
+    store = _entry(tmp_path)
+    os.chmod(os.path.join(store.entry_path("k1"), where) if where else store.entry_path("k1"), mode)
+    _set_aside_and_rebuilt(store, "k1", caplog, "writable by")

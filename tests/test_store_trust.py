@@ -249,3 +249,22 @@ def test_a_planted_entry_file_never_fails_or_hangs_a_start_and_is_rebuilt(eager_
     again = run_python(script, timeout=300)
     assert again["error"] is None and again["ok"] and again["quarantined"] == 0, again
     assert again["hits"] >= 1 or again["loads"] >= 1, again
+
+
+@pytest.mark.parametrize("route", ["backend", "load"])
+def test_entry_files_others_may_write_never_run(eager_cache, tmp_path, route):
+    # probe round 9: entry files left writable by others (0666, the root not group/other-writable) were
+    # rewritten by another user, blob and checksum alike, and the planted bytes ran in the owner's warm
+    # start on both routes, silently. Such an entry is now never read: set aside, rebuilt, the call served
+    cache = str(tmp_path / "cache")
+    shutil.copytree(eager_cache, cache)
+    marker = str(tmp_path / "foreign_code_ran")
+    _poison(cache, marker)
+    for key in os.listdir(os.path.join(cache, "graphs")):
+        entry = os.path.join(cache, "graphs", key)
+        for path in [os.path.join(entry, "manifest.json")] + [
+                os.path.join(entry, "files", n) for n in os.listdir(os.path.join(entry, "files"))]:
+            os.chmod(path, 0o666)
+    out = run_python(f"CACHE, ROUTE = {cache!r}, {route!r}\n" + WARM_A)
+    assert not os.path.exists(marker), "bytes others could write ran"
+    assert out["error"] is None and out["ok"] and out["quarantined"] >= 1, out

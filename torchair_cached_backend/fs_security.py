@@ -48,9 +48,10 @@ def _check_owner(st: os.stat_result, path: str) -> None:
         )
 
 
-def open_dir(name: str, *, dir_fd: int | None = None, root: str) -> int:
+def open_dir(name: str, *, dir_fd: int | None = None, root: str, private: bool = False) -> int:
     """Open a cache directory (``name`` relative to ``dir_fd`` when given) without
-    following a symlink, and check it is a directory we own. Returns the fd.
+    following a symlink, and check it is a directory we own (and, when ``private``,
+    writable by no one else: an entry's directories). Returns the fd.
 
     Reading an entry through directory fds opened once means a path can never be
     swapped under a reader, and no level of the entry (``files/`` included) can
@@ -64,12 +65,13 @@ def open_dir(name: str, *, dir_fd: int | None = None, root: str) -> int:
                 "Remove it, or point cache_dir at a real directory you own."
             ) from None
         raise
-    return _owned_dir(fd, name, f"refusing cache path {name!r} in {root!r}")
+    return _owned_dir(fd, name, f"refusing cache path {name!r} in {root!r}", private=private)
 
 
 def read_at(dir_fd: int, name: str, *, root: str) -> bytes:
     """The bytes of regular file ``name`` in the directory ``dir_fd``; refuses a
-    symlink or a file owned by someone else."""
+    symlink, a file owned by someone else, and one others may write (they could change
+    it and, the manifest being writable too, its checksum: ours are written 0600)."""
     try:
         fd = os.open(name, FILE_READ_FLAGS, dir_fd=dir_fd)
     except OSError as exc:
@@ -83,6 +85,11 @@ def read_at(dir_fd: int, name: str, *, root: str) -> bytes:
         if not stat.S_ISREG(st.st_mode):
             raise CacheSecurityError(f"refusing cache file {name!r}: not a regular file (planted in {root!r}?)")
         _check_owner(st, name)
+        if st.st_mode & 0o022:
+            raise CacheSecurityError(
+                f"refusing cache file {name!r}: writable by {'group' if st.st_mode & 0o020 else 'others'} "
+                f"(mode {stat.S_IMODE(st.st_mode):o}), so another user could change it (planted in {root!r}?)"
+            )
         chunks = []
         remaining = st.st_size
         while True:  # read to EOF: the size may have changed since fstat

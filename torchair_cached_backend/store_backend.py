@@ -117,7 +117,7 @@ class LocalDir:
         if kfd is None:
             return None
         try:
-            return kfd, fs.open_dir(key, dir_fd=kfd, root=self.root)
+            return kfd, fs.open_dir(key, dir_fd=kfd, root=self.root, private=True)
         except FileNotFoundError:
             os.close(kfd)
             return None
@@ -143,7 +143,7 @@ class LocalDir:
         if not infos:
             return manifest, files
         try:
-            files_fd = fs.open_dir(FILES_DIR, dir_fd=entry_fd, root=self.root)
+            files_fd = fs.open_dir(FILES_DIR, dir_fd=entry_fd, root=self.root, private=True)
         except FileNotFoundError:
             raise BrokenEntry("files/ is missing") from None
         try:
