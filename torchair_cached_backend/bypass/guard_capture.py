@@ -42,6 +42,9 @@ from .process_state import is_switch_module, process_state_reads
 _STATE_GUARDS = {
     "GRAD_MODE", "DETERMINISTIC_ALGORITHMS", "GLOBAL_STATE", "TORCH_FUNCTION_STATE", "DEFAULT_DEVICE",
     "AUTOGRAD_SAVED_TENSORS_HOOKS",
+    # the torch.func interpreter stack (no source name): every frame gets our own per-call check that no
+    # transform is active, and frames traced inside one are not cached (``process_state``)
+    "FUNCTORCH_STACK_MATCH",
 }
 #: guard types that compare a value (a switch read through them is checked per call: ``scope_of``)
 _VALUE_KINDS = frozenset({"CONSTANT_MATCH", "EQUALS_MATCH", "BOOL_MATCH", "NONE_MATCH"})
