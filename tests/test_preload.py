@@ -242,9 +242,8 @@ class Tiny(nn.Module):
 """
 
 
-def test_a_load_racing_the_background_import_replays_right(tmp_path):
-    # tcb.load right after the import, while the thread is importing the same modules: importlib's
-    # module locks serialize the two, and the load replays (fresh processes, the cache cold in another)
+def _cold_tiny(tmp_path) -> str:
+    """A cache dir holding Tiny's program (a cold process of its own)."""
     d = str(tmp_path)
     run_python(TINY + textwrap.dedent(f"""
         m = Tiny().eval()
@@ -252,6 +251,13 @@ def test_a_load_racing_the_background_import_replays_right(tmp_path):
             torch.compile(m, backend="npu_cached", options={{"cache_dir": {d!r}, "compiler": "eager"}})(torch.ones(2, 4))
         emit({{}})
         """))
+    return d
+
+
+def test_a_load_racing_the_background_import_replays_right(tmp_path):
+    # tcb.load right after the import, while the thread is importing the same modules: importlib's
+    # module locks serialize the two, and the load replays (fresh processes, the cache cold in another)
+    d = _cold_tiny(tmp_path)
     for _ in range(3):
         out = run_python(TINY + textwrap.dedent(f"""
             from torchair_cached_backend import preload
@@ -270,13 +276,7 @@ def test_a_load_right_after_waiting_for_the_thread_runs_with_no_other_import_bes
     # on to cache_compile's modules, which it imported beside the load (it took the interpreter at
     # every file the load read: a tiny Llama's load 6 -> 14 ms, and the wake came late). The thread
     # now pauses until the load begins, which drops what it never waits for
-    d = str(tmp_path)
-    run_python(TINY + textwrap.dedent(f"""
-        m = Tiny().eval()
-        with torch.no_grad():
-            torch.compile(m, backend="npu_cached", options={{"cache_dir": {d!r}, "compiler": "eager"}})(torch.ones(2, 4))
-        emit({{}})
-        """))
+    d = _cold_tiny(tmp_path)
     for _ in range(2):
         out = run_python(OURS + WHO + TINY + textwrap.dedent(f"""
             from torchair_cached_backend import preload

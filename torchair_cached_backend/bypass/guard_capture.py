@@ -703,7 +703,8 @@ def capture_frame_guards(
                 if kind in ("HASATTR",):
                     value = None
                 else:
-                    raise Unsupported(f"cannot read {friendly(guard.name)} ({type(exc).__name__}: {exc})") from exc
+                    what = friendly(guard.name) if guard.name else f"Dynamo's {kind} guard (it names no source)"
+                    raise Unsupported(f"cannot read {what} ({type(exc).__name__}: {exc})") from exc
             builder.guard(guard, value, fakes)
             objects.append((guard, value))
         builder.resolved_methods(objects, {id(c) for c in traced})
