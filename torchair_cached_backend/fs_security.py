@@ -25,10 +25,12 @@ _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 #: open flags of a directory below the cache root: never through a symlink
 DIR_OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _O_NOFOLLOW | _O_CLOEXEC
-#: open flags of a file of the cache read: never through a symlink, and never blocking (a FIFO put where
-#: a file was expected would hold ``open`` until a writer came: the caller's start hung). Reads of a
-#: regular file ignore O_NONBLOCK; every reader then refuses what ``fstat`` says is not a regular file
-FILE_READ_FLAGS = os.O_RDONLY | _O_NOFOLLOW | _O_CLOEXEC | getattr(os, "O_NONBLOCK", 0)
+#: flags of every open of a file of the cache (entries, seals, the ledger, lock files): never through a
+#: symlink, and never blocking (a FIFO put where a file was expected would hold ``open`` until a writer
+#: came: the caller's start hung). I/O on a regular file ignores O_NONBLOCK; every opener then refuses
+#: what ``fstat`` says is not a regular file
+FILE_OPEN_FLAGS = _O_NOFOLLOW | _O_CLOEXEC | getattr(os, "O_NONBLOCK", 0)
+FILE_READ_FLAGS = os.O_RDONLY | FILE_OPEN_FLAGS
 
 
 class CacheSecurityError(PermissionError):
@@ -85,11 +87,7 @@ def read_at(dir_fd: int, name: str, *, root: str) -> bytes:
         if not stat.S_ISREG(st.st_mode):
             raise CacheSecurityError(f"refusing cache file {name!r}: not a regular file (planted in {root!r}?)")
         _check_owner(st, name)
-        if st.st_mode & 0o022:
-            raise CacheSecurityError(
-                f"refusing cache file {name!r}: writable by {'group' if st.st_mode & 0o020 else 'others'} "
-                f"(mode {stat.S_IMODE(st.st_mode):o}), so another user could change it (planted in {root!r}?)"
-            )
+        _check_private(st, f"refusing cache file {name!r}", f"(Planted in {root!r}?)")
         chunks = []
         remaining = st.st_size
         while True:  # read to EOF: the size may have changed since fstat
@@ -145,16 +143,22 @@ def _owned_dir(fd: int, name: str, refusing: str, *, private: bool = False) -> i
         if not stat.S_ISDIR(st.st_mode):
             raise CacheSecurityError(f"{refusing}: not a directory")
         _check_owner(st, name)
-        if private and st.st_mode & 0o022:
-            raise CacheSecurityError(
-                f"{refusing}: it is writable by {'group' if st.st_mode & 0o020 else 'others'} "
-                f"(mode {stat.S_IMODE(st.st_mode):o}), so another user could plant code in it. "
-                f"Fix: chmod 700 {name}"
-            )
+        if private:
+            _check_private(st, refusing, f"Fix: chmod 700 {name}")
     except BaseException:
         os.close(fd)
         raise
     return fd
+
+
+def _check_private(st: os.stat_result, refusing: str, then: str) -> None:
+    """Refuse what group or others may write: they could plant code in it (or, in a file, change
+    its bytes and, the manifest being writable too, its checksum: ours are written 0600/0700)."""
+    if st.st_mode & 0o022:
+        raise CacheSecurityError(
+            f"{refusing}: it is writable by {'group' if st.st_mode & 0o020 else 'others'} "
+            f"(mode {stat.S_IMODE(st.st_mode):o}), so another user could plant code in it. {then}"
+        )
 
 
 def flock(fd: int, operation: int) -> bool:

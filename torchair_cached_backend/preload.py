@@ -263,7 +263,6 @@ def _drain_queue() -> None:
             # after PARK_S
             _resume.wait(PARK_S)
         with _lock:
-            _in_flight = None
             if not _queue:
                 _draining = False
                 return

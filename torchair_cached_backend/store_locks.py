@@ -19,12 +19,9 @@ import os
 import stat
 import time
 
-from .fs_security import fcntl, flock  # noqa: F401  (flock: re-exported, the primitive lives there)
+from .fs_security import FILE_OPEN_FLAGS, FILE_READ_FLAGS, fcntl, flock  # noqa: F401  (flock: re-exported)
 from .logs import log
 
-_O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
-_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
-_O_NONBLOCK = getattr(os, "O_NONBLOCK", 0)  # a FIFO planted as a lock file never holds an open
 #: a waiter names the holder after this long, then every _HOLDER_REPEAT_S
 HOLDER_LOG_S = 2.0
 _HOLDER_REPEAT_S = 60.0
@@ -62,7 +59,7 @@ class KeyLock:
 
 
 def _open_lock_file(dir_fd: int, name: str) -> int:
-    fd = os.open(name, os.O_RDWR | os.O_CREAT | _O_NOFOLLOW | _O_CLOEXEC | _O_NONBLOCK, 0o600, dir_fd=dir_fd)
+    fd = os.open(name, os.O_RDWR | os.O_CREAT | FILE_OPEN_FLAGS, 0o600, dir_fd=dir_fd)
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode) or (hasattr(os, "geteuid") and st.st_uid != os.geteuid()):
         os.close(fd)
@@ -98,7 +95,7 @@ def holder_info(dir_fd: int, name: str) -> dict | None:
     from .store_layout import loads_bounded
 
     try:
-        fd = os.open(name, os.O_RDONLY | _O_NOFOLLOW | _O_CLOEXEC | _O_NONBLOCK, dir_fd=dir_fd)
+        fd = os.open(name, FILE_READ_FLAGS, dir_fd=dir_fd)
     except OSError:
         return None
     try:
@@ -191,7 +188,7 @@ def try_acquire(dir_fd: int, name: str) -> KeyLock | None | bool:
     """The lock if free (a KeyLock), False if held, True if there is no lock file
     (nobody holds it). Never blocks, never creates a lock file."""
     try:
-        fd = os.open(name, os.O_RDWR | _O_NOFOLLOW | _O_CLOEXEC | _O_NONBLOCK, dir_fd=dir_fd)
+        fd = os.open(name, os.O_RDWR | FILE_OPEN_FLAGS, dir_fd=dir_fd)
     except FileNotFoundError:
         return True
     except OSError:
